@@ -1,0 +1,23 @@
+"""Helpers shared by CLI commands: config options, JSON output."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from rlbatch.core.config import Config
+from rlbatch.core.loading import load_config
+
+SetOption = typer.Option(None, "--set", help="override a config value: a.b=c (repeatable)")
+PresetOption = typer.Option(None, "--preset", help="start from a built-in preset")
+
+
+def resolve(config: Optional[str], preset: Optional[str], overrides: Optional[list[str]]) -> Config:
+    return load_config(config, preset=preset, overrides=list(overrides or []))
+
+
+def print_json(obj) -> None:
+    """The last stdout line: one JSON document."""
+    print(json.dumps(obj, default=float))

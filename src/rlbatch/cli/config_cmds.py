@@ -1,0 +1,91 @@
+"""`rlbatch config show|check` and `rlbatch lr-scale`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
+from rlbatch.core.config import LR_EXPONENTS, scaled_lr
+from rlbatch.core.errors import ConfigError
+from rlbatch.core.loading import preset_names
+
+config_app = typer.Typer(help="Resolve and validate configurations.", no_args_is_help=True)
+
+
+@config_app.command("show")
+def show(
+    config: Optional[str] = typer.Argument(None, help="YAML config file"),
+    preset: Optional[str] = PresetOption,
+    set_: Optional[list[str]] = SetOption,
+    as_json: bool = typer.Option(False, "--json", help="print the resolved config as JSON"),
+) -> None:
+    """Print the resolved config, with derived values (B, updates per step, scaled LR)."""
+    cfg = resolve(config, preset, set_)
+    if as_json:
+        print_json(cfg.resolved_dict())
+    else:
+        print(yaml.safe_dump(cfg.resolved_dict(), sort_keys=False), end="")
+
+
+@config_app.command("check")
+def check(
+    config: Optional[str] = typer.Argument(None, help="YAML config file"),
+    preset: Optional[str] = PresetOption,
+    set_: Optional[list[str]] = SetOption,
+) -> None:
+    """Validate a config; exit 2 with one line naming the field and file:line if it is bad."""
+    cfg = resolve(config, preset, set_)
+    print(f"ok: {cfg.algorithm} P={cfg.batch.prompts_per_step} G={cfg.batch.samples_per_prompt} "
+          f"B={cfg.sequences_per_step} sequences, lr={cfg.actor_lr:.4g}")
+
+
+@config_app.command("presets")
+def presets() -> None:
+    """List the built-in presets."""
+    for name in preset_names():
+        print(name)
+
+
+def lr_scale(
+    reference_sequences: int = typer.Option(..., help="B0: sequences per step of the baseline"),
+    reference_lr: float = typer.Option(..., help="eta0: learning rate at B0"),
+    sequences: str = typer.Option(..., help="comma-separated candidate B values"),
+    rule: str = typer.Option("sqrt", help="sqrt | linear | none"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Table of learning rates eta(B) = eta0 * (B/B0)^p (p = 1/2, 1, 0 for sqrt, linear, none)."""
+    if rule not in LR_EXPONENTS:
+        raise ConfigError(f"--rule: unknown rule '{rule}'; use sqrt, linear or none")
+    if reference_sequences <= 0 or reference_lr <= 0:
+        raise ConfigError("--reference-sequences and --reference-lr must be positive")
+    try:
+        values = [int(s) for s in sequences.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--sequences: expected comma-separated integers, got '{sequences}'")
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError("--sequences: give one or more positive integers")
+    rows = [{"sequences": b, "lr": scaled_lr(reference_lr, reference_sequences, b, rule)}
+            for b in values]
+    if as_json:
+        print_json({"rule": rule, "reference_sequences": reference_sequences,
+                    "reference_lr": reference_lr, "rows": rows})
+        return
+    table = Table(title=f"lr_scaling={rule}: eta(B) = {reference_lr:g} * (B/{reference_sequences})"
+                        f"^{LR_EXPONENTS[rule]:g}")
+    table.add_column("sequences_per_step B", justify="right")
+    table.add_column("B/B0", justify="right")
+    table.add_column("lr", justify="right")
+    for r in rows:
+        table.add_row(str(r["sequences"]), f"{r['sequences'] / reference_sequences:g}",
+                      f"{r['lr']:.4g}")
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")
+    app.command("lr-scale")(lr_scale)

@@ -1,0 +1,56 @@
+"""`rlbatch` command line: parse -> config -> call a library function -> print.
+
+Each command module registers itself on `app`. Library errors of type `UserError` (bad config,
+dataset, model path or log file) print one line to stderr and exit with status 2; with
+`--json` the last stdout line of a command is one JSON document.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from rlbatch.core.errors import EXIT_USAGE, UserError
+
+app = typer.Typer(
+    name="rlbatch",
+    help="Measured batch sizing for online RL of language models (GRPO, PPO): scale the LR "
+    "with sqrt(B/B0), check that sample-indexed curves stay aligned, measure throughput, and "
+    "pick the configuration with the lowest time to target.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _register() -> None:
+    from rlbatch.cli import config_cmds
+
+    config_cmds.register(app)
+    for name in ("model_cmds", "train_cmds", "decode_cmds", "analyze_cmds"):
+        try:
+            module = __import__(f"rlbatch.cli.{name}", fromlist=["register"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"rlbatch.cli.{name}":
+                raise
+            continue
+        module.register(app)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, prog_name="rlbatch")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

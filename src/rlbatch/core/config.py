@@ -1,0 +1,268 @@
+"""Validated, frozen run configuration (house rule 4: the config you log is the config you ran).
+
+Vocabulary follows DESIGN.md: every batch quantity carries its unit in its name
+(`prompts_per_step` P, `samples_per_prompt` G, derived `sequences_per_step` B = P*G).
+Derived values (B, optimizer updates per step, the scaled learning rates and Adam
+hyper-parameters) are computed once here and logged with the config under `derived:`.
+
+The learning-rate rule is `eta(B) = eta0 * (B/B0)^p` with p = 1/2 (sqrt, Malladi et al. 2022),
+1 (linear) or 0 (none). With `scale_adam: true` the betas and eps follow Malladi et al.'s
+square-root SDE rule as well: `beta -> 1 - k(1 - beta)`, `eps -> eps / sqrt(k)`, k = B/B0.
+Loading and error reporting (file and line for every field) live in `core/loading.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LR_EXPONENTS = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}
+# Metrics whose range is known; a target outside it can never be reached.
+BOUNDED_METRICS = {"eval/accuracy": (0.0, 1.0), "reward/mean": (0.0, 1.0)}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskConfig(_Strict):
+    name: Literal["addition", "reverse", "dataset"] = "addition"
+    digits: int = Field(3, ge=1, le=12, description="operand / string length (difficulty knob)")
+    path: str | None = Field(None, description="dataset file (JSONL or Parquet) for name=dataset")
+    eval_path: str | None = Field(None, description="held-out dataset file; default: split of path")
+    prompt_column: str = "prompt"
+    answer_column: str = "answer"
+    format: Literal["auto", "jsonl", "parquet", "verl"] = "auto"
+    reward: str = Field("exact", description="exact | numeric | gsm8k | boxed | module:function")
+    tolerance: float = Field(1e-6, ge=0)
+
+    @model_validator(mode="after")
+    def _dataset_needs_path(self) -> "TaskConfig":
+        if self.name == "dataset" and not self.path:
+            raise ValueError("task.path is required when task.name is 'dataset'")
+        return self
+
+
+class BatchConfig(_Strict):
+    prompts_per_step: int = Field(16, gt=0, description="P: prompts drawn per rollout step")
+    samples_per_prompt: int = Field(8, gt=0, description="G: responses per prompt")
+    minibatches_per_step: int = Field(1, gt=0)
+    epochs_per_step: int = Field(1, gt=0)
+    micro_batch_sequences: int | None = Field(
+        None, gt=0, description="gradient-accumulation chunk; default = whole minibatch"
+    )
+
+
+class LrRule(_Strict):
+    lr: float | None = Field(None, gt=0, description="learning rate used as is (no scaling)")
+    reference_sequences: int | None = Field(None, gt=0, description="B0")
+    reference_lr: float | None = Field(None, gt=0, description="eta0 at B0")
+    lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+
+    def resolve_lr(self, sequences: int, field: str) -> float:
+        if self.lr is not None:
+            return float(self.lr)
+        if self.reference_lr is None or self.reference_sequences is None:
+            raise ValueError(
+                f"{field}.lr is not set and {field}.reference_lr/reference_sequences are missing"
+            )
+        return scaled_lr(self.reference_lr, self.reference_sequences, sequences, self.lr_scaling)
+
+
+class OptimizerConfig(LrRule):
+    scale_adam: bool = Field(False, description="also scale betas and eps (Malladi et al. 2022)")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_samples: int = Field(0, ge=0, description="linear LR warm-up, in samples")
+    max_grad_norm: float | None = Field(1.0, gt=0)
+
+
+class CriticConfig(LrRule):
+    minibatches_per_step: int = Field(1, gt=0)
+    epochs_per_step: int = Field(1, gt=0)
+    update_every_steps: int = Field(1, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="rollout steps that train only the critic")
+    value_clip: float | None = Field(0.2, gt=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+
+
+class LossConfig(_Strict):
+    clip_ratio_low: float = Field(0.2, gt=0, lt=1)
+    clip_ratio_high: float = Field(0.2, gt=0)
+    advantage_norm: Literal["std", "mean"] = Field("std", description="GRPO group normalization")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to a frozen reference; 0 = off")
+    gamma: float = Field(1.0, ge=0, le=1, description="PPO discount")
+    lam: float = Field(1.0, ge=0, le=1, description="PPO GAE lambda")
+
+
+class RolloutConfig(_Strict):
+    generation_concurrency: int = Field(64, gt=0, description="C: sequences decoded at once")
+    max_new_tokens: int = Field(5, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    engine: Literal["builtin", "hf", "vllm"] = "builtin"
+
+
+class EvalConfig(_Strict):
+    every_samples: int = Field(8192, gt=0, description="evaluate at multiples of this many samples")
+    prompts: int = Field(1024, gt=0, description="fixed held-out prompts")
+    k: int = Field(1, gt=0, description="samples per eval prompt (mean@k); k=1 decodes greedily")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature when k > 1")
+    at_start: bool = True
+
+
+class TargetConfig(_Strict):
+    metric: str = "eval/accuracy"
+    value: float = 0.5
+
+    @model_validator(mode="after")
+    def _inside_range(self) -> "TargetConfig":
+        bounds = BOUNDED_METRICS.get(self.metric)
+        if bounds and not (bounds[0] < self.value <= bounds[1]):
+            raise ValueError(
+                f"target.value {self.value} is outside the range of {self.metric} "
+                f"({bounds[0]}, {bounds[1]}]"
+            )
+        return self
+
+
+class BudgetConfig(_Strict):
+    max_samples: int = Field(131072, gt=0)
+    max_train_s: float | None = Field(None, gt=0)
+    stop_at_target: bool = Field(True, description="false: run on to max_samples (full curves)")
+
+
+class CheckpointConfig(_Strict):
+    every_samples: int | None = Field(None, gt=0, description="None: only at the end")
+
+
+class NoiseScaleConfig(_Strict):
+    enabled: bool = False
+    ema: float = Field(0.9, ge=0, lt=1, description="smoothing of numerator and denominator")
+
+
+class NonFiniteConfig(_Strict):
+    max_consecutive: int = Field(3, gt=0, description="abort after this many skipped updates")
+
+
+class Config(_Strict):
+    name: str = "run"
+    model: str = Field("tiny", description="'tiny' (built-in default) or a local HF checkpoint")
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    backend: Literal["builtin", "trl"] = "builtin"
+    task: TaskConfig = TaskConfig()
+    batch: BatchConfig = BatchConfig()
+    optimizer: OptimizerConfig = OptimizerConfig(reference_sequences=128, reference_lr=1e-4)
+    critic: CriticConfig = CriticConfig(reference_sequences=128, reference_lr=1e-4)
+    loss: LossConfig = LossConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    eval: EvalConfig = EvalConfig()
+    target: TargetConfig = TargetConfig()
+    budget: BudgetConfig = BudgetConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    noise_scale: NoiseScaleConfig = NoiseScaleConfig()
+    nonfinite: NonFiniteConfig = NonFiniteConfig()
+    seed: int = Field(0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    output_dir: str = "runs"
+
+    @model_validator(mode="after")
+    def _check(self) -> "Config":
+        b = self.batch
+        seqs = b.prompts_per_step * b.samples_per_prompt
+        if self.algorithm == "grpo" and b.samples_per_prompt < 2:
+            raise ValueError("batch.samples_per_prompt must be >= 2 for GRPO (group baseline)")
+        if seqs % b.minibatches_per_step:
+            raise ValueError(
+                f"batch.minibatches_per_step ({b.minibatches_per_step}) must divide "
+                f"sequences_per_step ({seqs} = {b.prompts_per_step} x {b.samples_per_prompt})"
+            )
+        mini = seqs // b.minibatches_per_step
+        if b.micro_batch_sequences is not None and mini % b.micro_batch_sequences:
+            raise ValueError(
+                f"batch.micro_batch_sequences ({b.micro_batch_sequences}) must divide the "
+                f"minibatch ({mini} sequences = {seqs} / {b.minibatches_per_step} minibatches)"
+            )
+        if self.algorithm == "ppo" and seqs % self.critic.minibatches_per_step:
+            raise ValueError(
+                f"critic.minibatches_per_step ({self.critic.minibatches_per_step}) must divide "
+                f"sequences_per_step ({seqs})"
+            )
+        self.optimizer.resolve_lr(seqs, "optimizer")
+        if self.algorithm == "ppo":
+            self.critic.resolve_lr(seqs, "critic")
+        return self
+
+    # ---- derived values (computed once, logged under `derived:`) ----
+    @property
+    def sequences_per_step(self) -> int:
+        return self.batch.prompts_per_step * self.batch.samples_per_prompt
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.batch.minibatches_per_step * self.batch.epochs_per_step
+
+    @property
+    def minibatch_sequences(self) -> int:
+        return self.sequences_per_step // self.batch.minibatches_per_step
+
+    @property
+    def micro_batch_sequences(self) -> int:
+        return self.batch.micro_batch_sequences or self.minibatch_sequences
+
+    @property
+    def actor_lr(self) -> float:
+        return self.optimizer.resolve_lr(self.sequences_per_step, "optimizer")
+
+    @property
+    def critic_lr(self) -> float:
+        return self.critic.resolve_lr(self.sequences_per_step, "critic")
+
+    @property
+    def adam(self) -> dict:
+        """Betas and eps actually used (scaled by Malladi et al.'s rule when asked)."""
+        o = self.optimizer
+        if not o.scale_adam or o.reference_sequences is None or o.lr is not None:
+            return {"betas": (o.beta1, o.beta2), "eps": o.eps}
+        return scaled_adam(o.beta1, o.beta2, o.eps, self.sequences_per_step / o.reference_sequences)
+
+    def derived(self) -> dict:
+        d = {
+            "sequences_per_step": self.sequences_per_step,
+            "updates_per_step": self.updates_per_step,
+            "minibatch_sequences": self.minibatch_sequences,
+            "micro_batch_sequences": self.micro_batch_sequences,
+            "actor_lr": self.actor_lr,
+            "adam_betas": list(self.adam["betas"]),
+            "adam_eps": self.adam["eps"],
+        }
+        if self.algorithm == "ppo":
+            d["critic_lr"] = self.critic_lr
+        return d
+
+    def resolved_dict(self) -> dict:
+        """Inputs plus `derived:`; what config.yaml holds and `config show` prints."""
+        out = self.model_dump(mode="json")
+        out["derived"] = self.derived()
+        return out
+
+
+def scaled_lr(reference_lr: float, reference_sequences: int, sequences: int, rule: str) -> float:
+    """eta(B) = eta0 * (B / B0)^p, p from LR_EXPONENTS (DESIGN.md; Malladi et al. 2022)."""
+    if rule not in LR_EXPONENTS:
+        raise ValueError(f"unknown lr_scaling {rule!r}; use one of {sorted(LR_EXPONENTS)}")
+    return reference_lr * (sequences / reference_sequences) ** LR_EXPONENTS[rule]
+
+
+def scaled_adam(beta1: float, beta2: float, eps: float, k: float) -> dict:
+    """Malladi et al. 2022 square-root scaling: beta -> 1 - k(1 - beta), eps -> eps/sqrt(k).
+
+    Betas are floored at 0 (a k large enough to make them negative is out of the rule's range).
+    """
+    b1 = max(0.0, 1.0 - k * (1.0 - beta1))
+    b2 = max(0.0, 1.0 - k * (1.0 - beta2))
+    return {"betas": (b1, b2), "eps": eps / math.sqrt(k)}

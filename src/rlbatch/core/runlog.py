@@ -1,0 +1,277 @@
+"""The run log: the contract between trainers, ingest and analysis (DESIGN.md "The run log").
+
+A run is a directory `<root>/<run_id>/` holding `config.yaml`, `manifest.json`,
+`steps.jsonl` (one row per rollout step), `evals.jsonl` (one row per evaluation) and
+`summary.json`. JSON files are written atomically (temp file + rename); JSONL rows are
+appended and flushed as they happen, so a killed run loses at most the row in flight. The
+reader tolerates a last line cut mid-write and reports it in `Run.warnings`.
+
+This module imports no torch: analysis and ingest use it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlbatch.core.errors import DataError
+
+STEP_REQUIRED = (
+    "step", "samples", "prompts", "tokens", "train_s",
+    "time/rollout", "time/reward", "time/actor_update", "time/critic_update", "time/other",
+    "reward/mean", "actor/lr", "actor/grad_norm", "actor/loss",
+)
+EVAL_REQUIRED = ("step", "samples", "train_s")
+STATUSES = ("running", "target_reached", "budget_exhausted", "diverged", "failed")
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _clean(row: dict) -> dict:
+    """NaN/inf are not JSON: store them as null (the key stays, so absence != non-finite)."""
+    out = {}
+    for k, v in row.items():
+        if hasattr(v, "item"):
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None
+        out[k] = v
+    return out
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def stable_hash(obj: Any, length: int = 10) -> str:
+    blob = json.dumps(obj, sort_keys=True, default=_json_default).encode()
+    return hashlib.sha256(blob).hexdigest()[:length]
+
+
+def make_run_id(resolved: dict, seed: int) -> str:
+    """Readable prefix + hash of the resolved config (output_dir excluded) and seed."""
+    body = {k: v for k, v in resolved.items() if k != "output_dir"}
+    batch = resolved.get("batch", {})
+    lr = resolved.get("derived", {}).get("actor_lr")
+    prefix = f"{resolved.get('algorithm', 'run')}-P{batch.get('prompts_per_step')}" \
+             f"xG{batch.get('samples_per_prompt')}"
+    if lr is not None:
+        prefix += f"-lr{lr:.3g}"
+    return f"{prefix}-s{seed}-{stable_hash([body, seed], 8)}"
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def build_manifest(run_id: str, backend: str, seed: int, extra: dict | None = None) -> dict:
+    from rlbatch import __version__
+
+    manifest = {
+        "run_id": run_id,
+        "backend": backend,
+        "seed": seed,
+        "rlbatch_version": __version__,
+        "git_sha": _git_sha(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    manifest.update(extra or {})
+    return manifest
+
+
+class RunWriter:
+    """Appends rows to a run directory. Reopening an existing run appends (resume)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._steps = open(self.dir / "steps.jsonl", "a")
+        self._evals = open(self.dir / "evals.jsonl", "a")
+
+    def write_config(self, resolved: dict) -> None:
+        atomic_write_text(self.dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+
+    def write_manifest(self, manifest: dict) -> None:
+        atomic_write_json(self.dir / "manifest.json", manifest)
+
+    def write_summary(self, summary: dict) -> None:
+        if summary.get("status") not in STATUSES:
+            raise ValueError(f"summary status must be one of {STATUSES}")
+        atomic_write_json(self.dir / "summary.json", _clean(summary))
+
+    def log_step(self, row: dict) -> None:
+        missing = [k for k in STEP_REQUIRED if k not in row]
+        if missing:
+            raise ValueError(f"step row lacks required keys {missing}")
+        self._append(self._steps, row)
+
+    def log_eval(self, row: dict) -> None:
+        missing = [k for k in EVAL_REQUIRED if k not in row]
+        if missing:
+            raise ValueError(f"eval row lacks required keys {missing}")
+        self._append(self._evals, row)
+
+    @staticmethod
+    def _append(fh, row: dict) -> None:
+        fh.write(json.dumps(_clean(row), default=_json_default) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        self._steps.close()
+        self._evals.close()
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def truncate_jsonl_after_step(path: Path, last_step: int) -> None:
+    """Drop rows with step > last_step and any cut last line (used when resuming)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    rows, _ = read_jsonl(path)
+    keep = [r for r in rows if int(r.get("step", 0)) <= last_step]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
+    """Rows of a JSONL file and warnings. A cut *last* line is reported, not fatal; a bad
+    line elsewhere is a DataError naming the file and line."""
+    path = Path(path)
+    rows: list[dict] = []
+    warnings: list[str] = []
+    if not path.exists():
+        return rows, warnings
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+        complete_tail = True
+    else:
+        complete_tail = False
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+            if not isinstance(obj, dict):
+                raise ValueError("not an object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            if i == len(lines) and not complete_tail:
+                warnings.append(f"{path}:{i}: last line is truncated (killed mid-write); ignored")
+                break
+            raise DataError(f"invalid JSON row ({exc.__class__.__name__})", where=f"{path}:{i}")
+        rows.append(obj)
+    return rows, warnings
+
+
+@dataclass
+class Run:
+    dir: Path
+    config: dict
+    manifest: dict
+    steps: list[dict]
+    evals: list[dict]
+    summary: dict
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.get("run_id") or self.dir.name
+
+    @property
+    def seed(self) -> int | None:
+        return self.manifest.get("seed", self.config.get("seed"))
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        obj = json.loads(path.read_text())
+    except ValueError as exc:
+        raise DataError(f"invalid JSON ({exc})", where=str(path)) from None
+    if not isinstance(obj, dict):
+        raise DataError("expected a JSON object", where=str(path))
+    return obj
+
+
+def is_run_dir(path: str | Path) -> bool:
+    return (Path(path) / "steps.jsonl").exists() or (Path(path) / "evals.jsonl").exists()
+
+
+def read_run(run_dir: str | Path) -> Run:
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise DataError("run directory not found", where=str(d))
+    if not is_run_dir(d):
+        raise DataError("not a run directory (no steps.jsonl or evals.jsonl)", where=str(d))
+    config: dict = {}
+    cfg_path = d / "config.yaml"
+    if cfg_path.exists():
+        try:
+            config = yaml.safe_load(cfg_path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark else ""
+            raise DataError("invalid YAML", where=f"{cfg_path}{line}") from None
+    steps, w1 = read_jsonl(d / "steps.jsonl")
+    evals, w2 = read_jsonl(d / "evals.jsonl")
+    return Run(
+        dir=d, config=config, manifest=_read_json(d / "manifest.json"), steps=steps,
+        evals=evals, summary=_read_json(d / "summary.json"), warnings=w1 + w2,
+    )
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run directories given directly or found one or two levels below a sweep directory."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise DataError("path not found", where=str(p))
+        if is_run_dir(p):
+            found.append(p)
+            continue
+        for child in sorted(p.glob("*")) + sorted(p.glob("*/*")):
+            if child.is_dir() and is_run_dir(child):
+                found.append(child)
+    return found
