@@ -1,0 +1,217 @@
+"""`analyze`: run logs -> one JSON-ready document (what `rlbatch analyze --json` prints).
+
+Pipeline (each step a pure function of the previous one's data): per-run N*, T, q
+(crossing.py) -> configurations grouped by config id (runs.py) -> seed-bootstrap medians and
+intervals (stats.py) -> invariance vs the reference and verdicts (invariance.py) -> critical
+batch in the divergence sense, McCandlish fit and T(B) prediction (noise.py) ->
+recommendation (selection.py). Only `analyze` touches files (through runs.load_runs).
+
+Default reference: the configuration whose `derived.sequences_per_step` equals its
+`optimizer.reference_sequences` (preferring lr_scaling sqrt, then the most seeds), else the
+one with the smallest B. No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rlbatch.analysis import invariance, noise, selection, stats
+from rlbatch.analysis.crossing import Target, metric_curve, metric_source, per_run_records
+from rlbatch.analysis.runs import RunFrames, load_runs
+from rlbatch.core.errors import UserError
+
+RUN_KEYS = ("run", "run_id", "seed", "samples_to_target", "time_to_target", "censored",
+            "last_samples", "last_train_s", "throughput", "evaluations")
+META_KEYS = ("sequences_per_step", "prompts_per_step", "samples_per_prompt", "lr",
+             "lr_scaling", "algorithm", "reference_sequences")
+
+
+def group_configs(records: list[dict]) -> list[dict]:
+    """Configurations in display order (B ascending, then LR, then id), each with its runs."""
+    groups: dict[str, dict] = {}
+    for r in records:
+        g = groups.setdefault(r["config"], {"config": r["config"],
+                                            **{k: r[k] for k in META_KEYS}, "runs": []})
+        g["runs"].append(r)
+    def order(g):
+        b, lr = g["sequences_per_step"], g["lr"]
+        return (b is None, b or 0, lr is None, lr or 0.0, g["config"])
+    return sorted(groups.values(), key=order)
+
+
+def choose_reference(groups: list[dict], reference_run: str | None = None) -> tuple[str, str]:
+    """(config id, why). An explicit run directory wins; else B == optimizer.reference_sequences;
+    else the smallest B; else the first configuration."""
+    if reference_run is not None:
+        want = Path(reference_run).resolve()
+        for g in groups:
+            if any(Path(r["run"]).resolve() == want for r in g["runs"]):
+                return g["config"], f"--reference {reference_run}"
+        raise UserError("--reference: the run has no value of the target metric or was not "
+                        "loaded", where=str(reference_run))
+    at_b0 = [g for g in groups if g["sequences_per_step"] is not None
+             and g["sequences_per_step"] == g["reference_sequences"]]
+    if at_b0:
+        best = min(at_b0, key=lambda g: (g["lr_scaling"] != "sqrt", -len(g["runs"]), g["config"]))
+        return best["config"], "sequences_per_step equals optimizer.reference_sequences"
+    sized = [g for g in groups if g["sequences_per_step"] is not None]
+    if sized:
+        return sized[0]["config"], "smallest sequences_per_step"
+    return groups[0]["config"], "first configuration (no batch sizes known)"
+
+
+def _curves(frames: RunFrames, runs: list[dict], target: Target, source: str, smooth: int):
+    rows = frames.run_evals if source == "evals" else frames.run_steps
+    return [metric_curve(rows(r["run"]), target.metric, smooth) for r in runs]
+
+
+def _run_entry(r: dict, frames: RunFrames) -> dict:
+    st = frames.run_steps(r["run"])
+    entry = {k: r[k] for k in RUN_KEYS}
+    entry["noise_scale"] = {role: noise.second_half_median(st, col)
+                            for role, col in noise.NOISE_COLUMNS.items()}
+    series = {}
+    for role, col in noise.NOISE_COLUMNS.items():
+        s, v = noise.noise_scale_series(st, col)
+        if len(s):
+            series[role] = [[float(a), float(b)] for a, b in zip(s, v)]
+    if series:
+        entry["noise_scale_series"] = series
+    return entry
+
+
+def config_entry(g: dict, frames: RunFrames, boot: stats.ConfigBoot, ci: float) -> dict:
+    """One configuration's entry: metadata, seeds, medians + intervals, noise scale, runs."""
+    runs = g["runs"]
+    return {
+        "config": g["config"], **{k: g[k] for k in META_KEYS}, "seeds": len(runs),
+        **stats.config_stats(runs, boot, ci),
+        "noise_scale": noise.config_noise_summary([frames.run_steps(r["run"]) for r in runs]),
+        "runs": [_run_entry(r, frames) for r in runs],
+    }
+
+
+def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict, margin: float) -> dict:
+    lo, hi = cmp["log_samples_ratio_raw"]
+    entry["verdict"] = invariance.verdict(lo, hi, margin)
+    return {
+        "log_samples_ratio": invariance.log_ratio_point(entry["samples_to_target"],
+                                                        ref["samples_to_target"]),
+        "log_samples_ratio_ci": cmp["log_samples_ratio_ci"],
+        "normalized_area": curves["normalized_area"],
+        "max_abs_diff": curves["max_abs_diff"],
+        "curves": curves,
+    }
+
+
+def _family(entries: list[dict], ref: dict) -> list[dict]:
+    return [e for e in entries if e["algorithm"] == ref["algorithm"]
+            and e["lr_scaling"] == ref["lr_scaling"]]
+
+
+def _critical_batch(entries: list[dict], ref: dict) -> dict:
+    fam = _family(entries, ref)
+    out = invariance.critical_batch_divergence(fam)
+    pts = [(e["sequences_per_step"], e["samples_to_target"]) for e in fam
+           if e["sequences_per_step"] is not None and e["samples_to_target"] is not None]
+    fit = noise.mccandlish_fit([p[0] for p in pts], [p[1] for p in pts])
+    out.update(b_crit_mccandlish=fit["b_crit_mccandlish"],
+               cbs_zhang_20pct_model=fit["cbs_zhang_20pct_model"], mccandlish_fit=fit)
+    return out
+
+
+def _predict(entries: list[dict], ref: dict, fit: dict) -> dict:
+    b_noise, source = noise.choose_b_noise([e["noise_scale"]["actor"] for e in entries], fit)
+    for e in entries:
+        e.update(noise.predict_time(e["sequences_per_step"], e["throughput"],
+                                    ref["samples_to_target"], ref["sequences_per_step"], b_noise))
+    return {"b_noise": b_noise, "b_noise_source": source,
+            "reference_samples_to_target": ref["samples_to_target"],
+            "reference_sequences_per_step": ref["sequences_per_step"]}
+
+
+def _warnings(frames: RunFrames, dropped: list[str], entries: list[dict]) -> list[str]:
+    out = list(frames.warnings)
+    out += [f"{d}: no finite value of the target metric; run left out" for d in dropped]
+    out += [f"{e['config']}: one seed, so its intervals are points and its verdict is not "
+            "confirmed across seeds" for e in entries if e["seeds"] == 1]
+    return out
+
+
+def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | None = None,
+                   margin: float = invariance.DEFAULT_MARGIN, ci: float = stats.DEFAULT_CI,
+                   n_boot: int = stats.DEFAULT_BOOT, seed: int = 0, smooth: int = 1) -> dict:
+    """Pure: frames -> the analysis document (see docs/analysis.md for every key)."""
+    _check_settings(margin, ci, n_boot)
+    source = metric_source(frames, target.metric)
+    records = per_run_records(frames, target, smooth)
+    dropped = [r["run"] for r in records if r["evaluations"] == 0]
+    groups = group_configs([r for r in records if r["evaluations"] > 0])
+    ref_id, why = choose_reference(groups, reference_run)
+    boots = {g["config"]: stats.config_boot(g["config"], g["runs"], n_boot, seed) for g in groups}
+    entries = [config_entry(g, frames, boots[g["config"]], ci) for g in groups]
+    ref = next(e for e in entries if e["config"] == ref_id)
+    ref_group = next(g for g in groups if g["config"] == ref_id)
+    ref_curves = _curves(frames, ref_group["runs"], target, source, smooth)
+    ref_idx = stats.boot_indices(len(ref_group["runs"]), n_boot, seed, ref_id)
+    for g, e in zip(groups, entries):
+        if e is ref:
+            e.update(verdict="reference", invariance=None, vs_reference=None)
+            continue
+        cmp = stats.compare(boots[e["config"]], boots[ref_id], ci)
+        idx = stats.boot_indices(len(g["runs"]), n_boot, seed, g["config"])
+        curves = invariance.invariance_curves(
+            ref_curves, _curves(frames, g["runs"], target, source, smooth), ref_idx, idx, ci)
+        e["invariance"] = _invariance(e, ref, cmp, curves, margin)
+        e["vs_reference"] = selection.versus_baseline(e, ref, cmp)
+    critical = _critical_batch(entries, ref)
+    return json_safe({
+        "target": target.as_dict(), "metric_source": source,
+        "reference": {"config": ref_id, "why": why},
+        "settings": _settings(margin, ci, n_boot, seed, smooth),
+        "configs": entries, "critical_batch": critical,
+        "prediction": _predict(entries, ref, critical["mccandlish_fit"]),
+        "recommendation": selection.recommend(entries, ref_id),
+        "warnings": _warnings(frames, dropped, entries),
+    })
+
+
+def json_safe(obj):
+    """Plain JSON values: numpy scalars -> Python, non-finite floats -> None (JSON has no
+    NaN), tuples -> lists."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _check_settings(margin: float, ci: float, n_boot: int) -> None:
+    if not (margin > 0 and math.isfinite(margin)):
+        raise UserError(f"--margin must be a positive log ratio, got {margin}")
+    if not (0 < ci < 1):
+        raise UserError(f"--ci must be in (0, 1), got {ci}")
+    if n_boot < 1:
+        raise UserError(f"--bootstrap must be >= 1 resamples, got {n_boot}")
+
+
+def _settings(margin: float, ci: float, n_boot: int, seed: int, smooth: int) -> dict:
+    return {
+        "ci": ci, "bootstrap_resamples": n_boot, "bootstrap_seed": seed,
+        "margin": margin, "margin_ratio": math.exp(margin),
+        "smoothing": "none" if smooth == 1 else f"trailing mean of {smooth} evaluations",
+        "censored_median": "null when it involves a censored run (more than half censored, "
+                           "or exactly half with an even number of seeds)",
+    }
+
+
+def analyze(paths: list[str | Path], target: Target, *, reference_run: str | None = None,
+            **kwargs) -> dict:
+    """Load the runs under `paths` (plus `reference_run`) and analyze them."""
+    all_paths = list(paths) + ([reference_run] if reference_run is not None else [])
+    return analyze_frames(load_runs(all_paths), target, reference_run=reference_run, **kwargs)

@@ -1,0 +1,203 @@
+"""Load run logs into tidy pandas frames and group runs into configurations.
+
+A *configuration* is everything in a run's config.yaml except `seed` and `output_dir`; runs
+that differ only in those are seeds of one configuration and share a stable config id
+(readable prefix + hash). Runs without config.yaml (bare ingested logs) keep B and LR as
+None and each form a configuration of their own, named after their directory.
+
+Row hygiene, applied per run and per file when loading (DESIGN.md "The run log"):
+duplicated `step` rows keep the *last* one written (a resumed run re-logs steps); rows are
+then sorted by `samples` (stable, ties by step); rows without a numeric `samples` are dropped
+with a warning. A cut last line is skipped by the reader and its warning kept. Metric values
+that are null (NaN/inf when logged) stay NaN here and are skipped by the metric's consumer.
+
+No torch import (DESIGN.md house rules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rlbatch.core.errors import DataError
+from rlbatch.core.runlog import Run, find_runs, read_run, stable_hash
+
+RUN_COLUMNS = ("run", "run_id", "config", "seed", "algorithm", "prompts_per_step",
+               "samples_per_prompt", "sequences_per_step", "lr", "lr_scaling",
+               "reference_sequences")
+
+
+@dataclass(frozen=True)
+class RunFrames:
+    """Tidy frames of a set of runs.
+
+    runs:  one row per run (columns RUN_COLUMNS; `run` is the directory and the key).
+    steps: one row per (run, step), every logged key as a column, cleaned as above.
+    evals: one row per (run, evaluation), likewise.
+    configs: config id -> the configuration (config.yaml without seed and output_dir).
+    warnings: reader and cleaning warnings, one line each.
+    """
+
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    evals: pd.DataFrame
+    configs: dict = field(default_factory=dict)
+    warnings: tuple = ()
+
+    def run_steps(self, run: str) -> pd.DataFrame:
+        """The step rows of one run (an empty frame if it logged none)."""
+        return self._by_run("steps").get(run, self.steps.iloc[0:0])
+
+    def run_evals(self, run: str) -> pd.DataFrame:
+        """The evaluation rows of one run (an empty frame if it logged none)."""
+        return self._by_run("evals").get(run, self.evals.iloc[0:0])
+
+    def _by_run(self, name: str) -> dict:
+        # Split once and memoize (frozen dataclass: write the cache into __dict__ directly).
+        key = f"_split_{name}"
+        if key not in self.__dict__:
+            df = getattr(self, name)
+            self.__dict__[key] = dict(tuple(df.groupby("run", sort=False))) if len(df) else {}
+        return self.__dict__[key]
+
+
+def configuration(config: dict) -> dict:
+    """The configuration of a run: its resolved config without `seed` and `output_dir`."""
+    return {k: v for k, v in config.items() if k not in ("seed", "output_dir")}
+
+
+def config_id(config: dict) -> str:
+    """Stable id of a configuration: `<algorithm>-B<B>-lr<lr>-<hash8>` (hash of the whole
+    configuration, seed and output_dir excluded, so seeds of one configuration share it)."""
+    body = configuration(config)
+    b = _get(config, "derived", "sequences_per_step")
+    lr = _lr(config)
+    prefix = f"{config.get('algorithm', 'run')}-B{b if b is not None else '?'}"
+    if lr is not None:
+        prefix += f"-lr{lr:.3g}"
+    return f"{prefix}-{stable_hash(body, 8)}"
+
+
+def _get(d: dict, *keys):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _lr(config: dict) -> float | None:
+    lr = _get(config, "derived", "actor_lr")
+    if lr is None:
+        lr = _get(config, "optimizer", "lr")
+    return float(lr) if isinstance(lr, (int, float)) else None
+
+
+def _sequences(config: dict) -> int | None:
+    b = _get(config, "derived", "sequences_per_step")
+    if b is None:
+        p = _get(config, "batch", "prompts_per_step")
+        g = _get(config, "batch", "samples_per_prompt")
+        b = p * g if isinstance(p, int) and isinstance(g, int) else None
+    return int(b) if isinstance(b, (int, float)) else None
+
+
+def run_row(run: Run) -> dict:
+    """The `runs` frame row of one run (B and LR None when config.yaml is absent)."""
+    cfg = run.config
+    cid = config_id(cfg) if cfg else \
+        f"unconfigured-{run.dir.name}-{stable_hash(str(run.dir.resolve()), 6)}"
+    return {
+        "run": str(run.dir), "run_id": run.run_id, "config": cid, "seed": run.seed,
+        "algorithm": cfg.get("algorithm"),
+        "prompts_per_step": _get(cfg, "batch", "prompts_per_step"),
+        "samples_per_prompt": _get(cfg, "batch", "samples_per_prompt"),
+        "sequences_per_step": _sequences(cfg), "lr": _lr(cfg),
+        "lr_scaling": _get(cfg, "optimizer", "lr_scaling"),
+        "reference_sequences": _get(cfg, "optimizer", "reference_sequences"),
+    }
+
+
+def clean_rows(rows: list[dict], where: str) -> tuple[pd.DataFrame, list[str]]:
+    """Rows of one JSONL file -> frame: last of duplicated steps kept, sorted by samples,
+    rows without numeric samples dropped (warned). `where` names the file in messages."""
+    warnings: list[str] = []
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df, warnings
+    if "samples" not in df.columns:
+        raise DataError("rows lack the required key 'samples'", where=where)
+    for col in ("step", "samples", "train_s"):
+        if col in df.columns:
+            df[col] = numeric_column(df[col], f"{where} ({col})")
+    if "step" in df.columns:
+        n = len(df)
+        df = df.drop_duplicates(subset="step", keep="last")
+        if len(df) < n:
+            warnings.append(f"{where}: {n - len(df)} duplicated step row(s); kept the last")
+    bad = df["samples"].isna()
+    if bad.any():
+        warnings.append(f"{where}: {int(bad.sum())} row(s) without samples; skipped")
+        df = df[~bad]
+    keys = ["samples", "step"] if "step" in df.columns else ["samples"]
+    return df.sort_values(keys, kind="stable").reset_index(drop=True), warnings
+
+
+def numeric_column(col: pd.Series, where: str) -> pd.Series:
+    """A column as float64 with null -> NaN; a non-numeric value is a DataError."""
+    try:
+        out = pd.to_numeric(col.astype(object).where(col.notna(), np.nan), errors="raise")
+    except (ValueError, TypeError) as exc:
+        raise DataError(f"non-numeric value ({exc})", where=where) from None
+    return out.astype(np.float64)
+
+
+def frames_from_runs(runs: list[Run]) -> RunFrames:
+    """Pure: already-read runs -> RunFrames (no file access)."""
+    rows, steps, evals, configs, warnings = [], [], [], {}, []
+    for run in runs:
+        row = run_row(run)
+        rows.append(row)
+        if run.config:
+            configs[row["config"]] = configuration(run.config)
+        warnings.extend(run.warnings)
+        for name, src, out in (("steps.jsonl", run.steps, steps), ("evals.jsonl", run.evals, evals)):
+            df, w = clean_rows(src, str(run.dir / name))
+            warnings.extend(w)
+            if not df.empty:
+                out.append(df.assign(run=row["run"]))
+    # object dtype keeps ints as ints and None as None (no NaN-promotion of B or seed)
+    runs_df = pd.DataFrame(rows, columns=list(RUN_COLUMNS), dtype=object)
+    return RunFrames(
+        runs=runs_df, steps=_concat(steps), evals=_concat(evals), configs=configs,
+        warnings=tuple(warnings),
+    )
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    if not frames:
+        return pd.DataFrame({"run": pd.Series(dtype=object), "samples": pd.Series(dtype=float)})
+    return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def load_runs(paths: list[str | Path]) -> RunFrames:
+    """Read every run directory given, or found one or two levels below a sweep directory,
+    into tidy frames. A missing path or a directory holding no run is a DataError."""
+    if not paths:
+        raise DataError("no run or sweep directories given")
+    dirs: list[Path] = []
+    seen: set[Path] = set()
+    for p in paths:
+        found = find_runs([p])
+        if not found:
+            raise DataError("no run directories (with steps.jsonl or evals.jsonl) found",
+                            where=str(p))
+        for d in found:
+            key = d.resolve()
+            if key not in seen:
+                seen.add(key)
+                dirs.append(d)
+    return frames_from_runs([read_run(d) for d in dirs])

@@ -1,0 +1,125 @@
+"""`rlbatch analyze`: samples/time to target, invariance verdicts and the recommendation."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rlbatch.cli.common import print_json
+
+
+def _fmt(x, spec: str = ".4g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _num(x) -> str:
+    """Compact number: thousands separators from 1000 up, 4 significant digits below."""
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def _median_cell(e: dict, key: str) -> str:
+    """`median [lo-hi]`, or `> lower bound` when the median involves a censored run."""
+    if e[key] is None:
+        lb = e.get(f"{key}_lower_bound")
+        return f"> {_num(lb)}" if lb is not None else "-"
+    lo, hi = e[f"{key}_ci"]
+    return f"{_num(e[key])} [{_num(lo)}-{'inf' if hi is None else _num(hi)}]"
+
+
+def render_table(doc: dict) -> Table:
+    """Rich table of the analysis document (renders only; every number comes from `doc`)."""
+    t = doc["target"]
+    table = Table(title=f"time to target {t['metric']} {'>=' if t['direction'] == 'higher' else '<='}"
+                        f" {t['value']:g}: medians across seeds "
+                        f"[{doc['settings']['ci']:.0%} bootstrap interval]")
+    for col in ("configuration", "B", "LR", "seeds", "N* samples", "T seconds", "q samples/s",
+                "verdict"):
+        left = col in ("configuration", "verdict")
+        table.add_column(col, justify="left" if left else "right", overflow="fold")
+    for e in doc["configs"]:
+        table.add_row(e["config"], _fmt(e["sequences_per_step"], "d"), _fmt(e["lr"], ".3g"),
+                      str(e["seeds"]), _median_cell(e, "samples_to_target"),
+                      _median_cell(e, "time_to_target"), _num(e["throughput"]), e["verdict"])
+    return table
+
+
+def summary_lines(doc: dict) -> list[str]:
+    """The plain-text lines printed under the table."""
+    cb = doc["critical_batch"]
+    lines = [f"reference: {doc['reference']['config']} ({doc['reference']['why']})"]
+    crit = cb["critical_batch_divergence"]
+    note = " (every tested B aligned: a lower bound)" if cb["lower_bound_only"] else ""
+    lines.append(f"critical batch (divergence sense): {_fmt(crit, 'd')}{note}")
+    lines.append(f"B_crit (McCandlish 50%-efficiency fit): {_num(cb['b_crit_mccandlish'])}")
+    rec = doc["recommendation"]
+    if rec is None:
+        lines.append("recommendation: none (no aligned configuration reached the target)")
+    elif rec["is_reference"]:
+        lines.append(f"recommendation: keep the reference {rec['config']}")
+    else:
+        lines.append(f"recommendation: {rec['config']} (B={_fmt(rec['sequences_per_step'], 'd')}, "
+                     f"lr={_fmt(rec['lr'], '.3g')}): T={rec['time_to_target']:.4g} s, "
+                     f"{_fmt(rec['speedup_vs_reference'], '.3g')}x faster than the reference, "
+                     f"P(faster)={rec['p_faster_than_reference']:.2f}")
+    return lines
+
+
+def analyze(
+    paths: list[str] = typer.Argument(..., help="run directories or sweep directories"),
+    target: str | None = typer.Option(
+        None, help="METRIC=VALUE (or METRIC<=VALUE for lower-is-better); default: the runs' "
+                   "config target"),
+    reference: str | None = typer.Option(None, help="run directory of the reference "
+                                                       "configuration (default: B == B0)"),
+    margin: float = typer.Option(round(math.log(1.15), 4),
+                                 help="equivalence margin m on log(N* ratio)"),
+    ci: float = typer.Option(0.90, help="bootstrap interval level"),
+    bootstrap: int = typer.Option(2000, help="bootstrap resamples"),
+    seed: int = typer.Option(0, help="bootstrap seed"),
+    smooth: int = typer.Option(1, help="trailing mean over this many evaluations (1 = none)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document (last line)"),
+) -> None:
+    """Samples and time to target per configuration, invariance verdicts vs the reference,
+    critical batch (divergence sense) and the recommended configuration."""
+    from rlbatch.analysis.analyze import analyze as run_analysis
+    from rlbatch.analysis.crossing import parse_target
+    from rlbatch.analysis.runs import load_runs
+
+    if target is None:
+        tgt = _config_target(load_runs(list(paths)))
+    else:
+        tgt = parse_target(target)
+    doc = run_analysis(list(paths), tgt, reference_run=reference, margin=margin, ci=ci,
+                       n_boot=bootstrap, seed=seed, smooth=smooth)
+    for w in doc["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    if as_json:
+        print_json(doc)
+        return
+    console = Console()
+    console.print(render_table(doc))
+    for line in summary_lines(doc):
+        console.print(line, highlight=False)
+
+
+def _config_target(frames):
+    from rlbatch.analysis.crossing import Target
+    from rlbatch.core.errors import UserError
+
+    pairs = {((c.get("target") or {}).get("metric"), (c.get("target") or {}).get("value"))
+             for c in frames.configs.values()}
+    pairs = {(m, v) for m, v in pairs if isinstance(m, str) and isinstance(v, (int, float))}
+    if len(pairs) != 1:
+        raise UserError("--target is required (the runs' configs name no single target)")
+    metric, value = pairs.pop()
+    return Target(metric, float(value))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("analyze")(analyze)

@@ -1,0 +1,60 @@
+"""`rlbatch data check`: read a dataset file the way `task.name: dataset` would.
+
+Prints the row count, the layout found, one sample prompt/answer, and how the configured
+reward scores each row's own reference answer. Malformed rows exit with status 2 and one line
+naming the first bad `file:line` and how many more there are (a `DataError`).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from rlbatch.cli.common import print_json
+from rlbatch.core.errors import ConfigError
+from rlbatch.rollout.datasets import check_dataset
+
+FORMATS = ("auto", "jsonl", "parquet", "verl")
+
+data_app = typer.Typer(help="Inspect dataset files for task.name=dataset.", no_args_is_help=True)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@data_app.command("check")
+def check(
+    path: str = typer.Argument(..., help="dataset file (.jsonl, .json, .parquet)"),
+    fmt: str = typer.Option("auto", "--format", help="auto | jsonl | parquet | verl"),
+    prompt_column: str = typer.Option("prompt", help="column holding the prompt"),
+    answer_column: str = typer.Option("answer", help="column holding the reference answer"),
+    reward: str = typer.Option("exact", help="exact | numeric | gsm8k | boxed | module:function"),
+    tolerance: float = typer.Option(1e-6, help="relative tolerance of numeric comparisons"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Validate a dataset file; exit 2 with one line naming the first malformed row."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format: unknown format '{fmt}'; use {', '.join(FORMATS)}")
+    if tolerance < 0:
+        raise ConfigError("--tolerance must be >= 0")
+    info = check_dataset(path, fmt, prompt_column, answer_column, reward, tolerance)
+    if as_json:
+        print_json(info)
+        return
+    sample, scores = info["sample"], info["reward"]
+    print(f"ok: {info['rows']} rows, {info['format']} ({info['layout']} layout): {path}")
+    print(f"sample {sample['source']}")
+    if sample["messages"]:
+        print(f"  messages: {len(sample['messages'])} (prompt = last user message)")
+    print(f"  prompt: {_short(sample['prompt'])}")
+    print(f"  answer: {_short(sample['answer'])}")
+    line = (f"reward '{scores['spec']}' on the reference answers: {scores['correct']} correct, "
+            f"{scores['wrong']} wrong, {scores['unscorable']} unscorable")
+    if scores["first_not_correct"]:
+        line += f" (first: {scores['first_not_correct']})"
+    print(line)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")

@@ -1,0 +1,357 @@
+"""Dataset tasks: prompts and reference answers read from user files (JSONL, Parquet, verl).
+
+`DatasetTask` implements the Task interface of `rollout/tasks.py` over rows of a file:
+
+- JSONL (`.jsonl`, `.json`: one JSON object per line, blank lines skipped) and Parquet, with
+  configurable `prompt_column` / `answer_column` (default `prompt`, `answer`; a dotted name
+  such as `reward_model.ground_truth` reaches into nested objects).
+- verl layout: `prompt` is a chat message list `[{"role": "user", "content": ...}]` and the
+  answer is `reward_model.ground_truth`. `format: verl` forces it; otherwise it is detected
+  when the first row's prompt is a message list, the answer column is absent and a
+  `reward_model` column exists.
+- A message-list prompt is kept in `Example.meta["messages"]`; `Example.prompt` is the text of
+  the last user message (list-of-parts content joined). The trainer applies the tokenizer's
+  chat template to `messages` when one exists.
+- Numeric answers are accepted and turned into text (`42`, `42.0` -> "42", `0.5` -> "0.5").
+
+Malformed rows (invalid JSON, a missing column, a prompt that is neither a string nor a
+message list, an empty answer) are all collected; one `DataError` names the first one as
+`file:line` (Parquet: `file:row N`, 0-based as in pandas' `iloc`) and how many more there are.
+
+Held-out set: `eval_path` when given; otherwise a deterministic split of `path`: a permutation
+seeded by `EVAL_SEED_OFFSET` (independent of the run seed, so every run is evaluated on the
+same prompts) whose last `min(1024, max(1, n // 10))` rows are held out. As for the built-in
+tasks, training rows whose prompt also appears in the held-out set are removed.
+`train_stream(seed)` is infinite: each epoch visits every training row once, in an order
+shuffled by a `random.Random(seed)` that carries over between epochs.
+
+Deviations: files are read whole into memory (no streaming); `eval_set(n)` returns fewer
+than n examples when the held-out set is smaller; the built-in tasks keep their generated
+data but take `task.reward` when it is not `exact`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlbatch.core.config import TaskConfig
+from rlbatch.core.errors import DataError
+from rlbatch.rollout.rewards import RewardFn, make_reward, reference_completion
+from rlbatch.rollout.tasks import BUILTIN_TASKS, EVAL_SEED_OFFSET, Example
+
+MAX_HELD_OUT = 1024
+VERL_ANSWER = "reward_model.ground_truth"
+_MISSING = object()
+_LISTED = 10  # line numbers listed in an error message
+
+
+@dataclass(frozen=True)
+class LoadedRows:
+    """The rows of one file and how they were read."""
+
+    path: str
+    container: str  # "jsonl" | "parquet"
+    layout: str  # "columns" | "verl"
+    examples: list[Example]
+
+
+# ---------------------------------------------------------------- reading files
+
+def container_of(path: str, fmt: str) -> str:
+    """`jsonl` or `parquet`: from `fmt`, else from the file extension."""
+    if fmt in ("jsonl", "parquet"):
+        return fmt
+    suffix = Path(path).suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return "jsonl"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise DataError(f"cannot tell the format from the extension '{suffix}'; "
+                    "set task.format (--format) to jsonl, parquet or verl", where=path)
+
+
+def read_jsonl(path: str) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]:
+    """(line, object) pairs and (line, problem) pairs; lines are 1-based, blanks skipped."""
+    records, errors = [], []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                errors.append((lineno, "not UTF-8 text"))
+                continue
+            if not line.strip():
+                continue
+            try:
+                records.append((lineno, json.loads(line.rstrip("\r\n"))))
+            except json.JSONDecodeError as exc:
+                errors.append((lineno, f"invalid JSON ({exc.msg} at column {exc.pos + 1})"))
+    return records, errors
+
+
+def read_parquet(path: str) -> list[tuple[int, Any]]:
+    """(row, dict) pairs, rows 0-based; nested struct columns become dicts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"not a readable Parquet file ({first})", where=path) from None
+    return list(enumerate(table.to_pylist()))
+
+
+def lookup(record: dict, column: str) -> Any:
+    """`record[column]`, or a walk through nested dicts for a dotted name; else _MISSING."""
+    if column in record:
+        return record[column]
+    node: Any = record
+    for part in column.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def is_verl(record: Any, prompt_column: str, answer_column: str) -> bool:
+    """A verl row: message-list prompt, no answer column, a `reward_model` object."""
+    return (isinstance(record, dict) and isinstance(record.get(prompt_column), list)
+            and lookup(record, answer_column) is _MISSING and "reward_model" in record)
+
+
+# ---------------------------------------------------------------- one row -> Example
+
+def message_text(content: Any) -> str | None:
+    """A message's text: a string, or a list of parts whose `text` fields are joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        if parts and all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+    return None
+
+
+def parse_prompt(value: Any) -> tuple[str, list[dict] | None] | str:
+    """(prompt text, messages or None), or a problem description."""
+    if isinstance(value, str):
+        return (value, None) if value.strip() else "empty prompt"
+    if not isinstance(value, list):
+        return f"prompt must be a string or a list of chat messages, not {type(value).__name__}"
+    messages = []
+    for i, m in enumerate(value):
+        text = message_text(m.get("content")) if isinstance(m, dict) else None
+        if text is None or not isinstance(m.get("role"), str):
+            return f"prompt message {i} needs a string 'role' and text 'content'"
+        messages.append({"role": m["role"], "content": text})
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users or not users[-1].strip():
+        return "prompt has no user message with text"
+    return users[-1], messages
+
+
+def parse_answer(value: Any) -> str | None:
+    """The answer as text (numbers converted), or None when empty or of another type."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, str) and value.strip():
+        return value
+    return None
+
+
+def to_example(record: Any, source: str, prompt_column: str, answer_column: str) -> Example | str:
+    """An Example, or a one-line description of what is wrong with the row."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    prompt_value = lookup(record, prompt_column)
+    if prompt_value is _MISSING:
+        return f"missing column '{prompt_column}'"
+    answer_value = lookup(record, answer_column)
+    if answer_value is _MISSING:
+        return f"missing column '{answer_column}'"
+    prompt = parse_prompt(prompt_value)
+    if isinstance(prompt, str):
+        return prompt
+    answer = parse_answer(answer_value)
+    if answer is None:
+        empty = answer_value is None or (isinstance(answer_value, str) and not answer_value.strip())
+        shown = "empty" if empty else type(answer_value).__name__
+        return f"answer '{answer_column}' must be a non-empty string or number, got {shown}"
+    meta: dict = {"source": source}
+    if prompt[1] is not None:
+        meta["messages"] = prompt[1]
+    if isinstance(record.get("data_source"), str):
+        meta["data_source"] = record["data_source"]
+    return Example(prompt=prompt[0], answer=answer, meta=meta)
+
+
+# ---------------------------------------------------------------- whole files
+
+def malformed_error(path: str, unit: str, errors: list[tuple[int, str]]) -> DataError:
+    """One line: the first bad row as file:line, then how many more and which."""
+    errors = sorted(errors)
+    first_no, first_msg = errors[0]
+    where = f"{path}:{first_no}" if unit == "line" else f"{path}:row {first_no}"
+    rest = [str(n) for n, _ in errors[1:]]
+    if rest:
+        shown = ", ".join(rest[:_LISTED]) + (", ..." if len(rest) > _LISTED else "")
+        plural = "s" if len(rest) > 1 else ""
+        first_msg += f"; {len(rest)} more malformed row{plural} ({unit}{plural} {shown})"
+    return DataError(first_msg, where=where)
+
+
+def load_rows(path: str, fmt: str = "auto", prompt_column: str = "prompt",
+              answer_column: str = "answer") -> LoadedRows:
+    """Read and validate every row of `path`; a DataError for a missing file or bad rows."""
+    if not Path(path).is_file():
+        raise DataError("not a file" if Path(path).exists() else "no such file", where=path)
+    container = container_of(path, fmt)
+    if container == "jsonl":
+        records, errors = read_jsonl(path)
+        unit = "line"
+    else:
+        records, errors, unit = read_parquet(path), [], "row"
+    first = next((r for _, r in records if isinstance(r, dict)), None)
+    verl = fmt == "verl" or is_verl(first, prompt_column, answer_column)
+    if verl and answer_column == "answer":
+        answer_column = VERL_ANSWER
+    if container == "parquet" and first is not None:
+        missing = [c for c in (prompt_column, answer_column) if lookup(first, c) is _MISSING
+                   and c.split(".")[0] not in first]
+        if missing:
+            raise DataError(f"no column '{missing[0]}' (columns: {', '.join(first)})", where=path)
+    examples = []
+    for no, record in records:
+        source = f"{path}:{no}" if unit == "line" else f"{path}:row {no}"
+        item = to_example(record, source, prompt_column, answer_column)
+        if isinstance(item, str):
+            errors.append((no, item))
+        else:
+            examples.append(item)
+    if errors:
+        raise malformed_error(path, unit, errors)
+    if not examples:
+        raise DataError("no rows", where=path)
+    return LoadedRows(path, container, "verl" if verl else "columns", examples)
+
+
+def split_held_out(examples: list[Example], seed: int = EVAL_SEED_OFFSET
+                   ) -> tuple[list[Example], list[Example]]:
+    """(train, held-out): the last min(1024, max(1, n // 10)) of a seeded permutation."""
+    n = len(examples)
+    k = min(MAX_HELD_OUT, max(1, n // 10))
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    held = [examples[i] for i in order[n - k:]]
+    train_idx = sorted(order[: n - k])
+    return [examples[i] for i in train_idx], held
+
+
+# ---------------------------------------------------------------- the task
+
+class DatasetTask:
+    """Task over file rows: a seeded infinite shuffled stream, a fixed held-out set, a reward."""
+
+    name = "dataset"
+    overlap_removed = 0  # training rows dropped because their prompt is held out
+
+    def __init__(self, train: list[Example], held_out: list[Example], reward_fn: RewardFn):
+        if not train:
+            raise DataError("no training rows left after removing the held-out prompts")
+        self.train = list(train)
+        self.held_out = list(held_out)
+        self.reward_fn = reward_fn
+
+    @classmethod
+    def from_config(cls, cfg: TaskConfig) -> DatasetTask:
+        """Resolve the reward, load `cfg.path` (and `cfg.eval_path`), split, drop overlap."""
+        if not cfg.path:
+            raise DataError("task.path is required when task.name is 'dataset'")
+        reward_fn = make_reward(cfg.reward, cfg.tolerance)
+        cols = {"fmt": cfg.format, "prompt_column": cfg.prompt_column,
+                "answer_column": cfg.answer_column}
+        rows = load_rows(cfg.path, **cols).examples
+        if cfg.eval_path:
+            train, held = rows, load_rows(cfg.eval_path, **cols).examples
+        else:
+            if len(rows) < 2:
+                raise DataError("need at least 2 rows to hold some out; or set task.eval_path",
+                                where=cfg.path)
+            train, held = split_held_out(rows)
+        held_prompts = {e.prompt for e in held}
+        kept = [e for e in train if e.prompt not in held_prompts]
+        if not kept:
+            raise DataError("every training prompt is also in the held-out set", where=cfg.path)
+        task = cls(kept, held, reward_fn)
+        task.overlap_removed = len(train) - len(kept)
+        return task
+
+    def train_stream(self, seed: int) -> Iterator[Example]:
+        rng = random.Random(seed)
+        order = list(range(len(self.train)))
+        while True:
+            rng.shuffle(order)
+            for i in order:
+                yield self.train[i]
+
+    def eval_set(self, n: int) -> list[Example]:
+        return self.held_out[:n]
+
+    def reward(self, prompt: str, completion: str, example: Example) -> float | None:
+        return self.reward_fn(prompt, completion, example)
+
+    def vocabulary(self) -> str:
+        """Every character in prompts and answers (for a character-level tokenizer)."""
+        chars: set[str] = set()
+        for e in self.train + self.held_out:
+            chars.update(e.prompt)
+            chars.update(e.answer)
+        return "".join(sorted(chars))
+
+
+def build_task(cfg: TaskConfig):
+    """The task `cfg` names: a built-in AdditionTask/ReverseTask or a DatasetTask."""
+    if cfg.name == "dataset":
+        return DatasetTask.from_config(cfg)
+    task = BUILTIN_TASKS[cfg.name](digits=cfg.digits)
+    if cfg.reward != "exact":
+        task.reward = make_reward(cfg.reward, cfg.tolerance)
+    return task
+
+
+def check_dataset(path: str, fmt: str = "auto", prompt_column: str = "prompt",
+                  answer_column: str = "answer", reward: str = "exact",
+                  tolerance: float = 1e-6) -> dict:
+    """Load `path` and score each reference answer with the reward (`rlbatch data check`).
+
+    A row whose reference answer does not score 1.0 cannot be learned as configured (e.g.
+    `numeric` with a non-numeric answer is unscorable); such rows are counted, not rejected.
+    """
+    reward_fn = make_reward(reward, tolerance)
+    rows = load_rows(path, fmt, prompt_column, answer_column)
+    counts = {"correct": 0, "wrong": 0, "unscorable": 0}
+    first_bad = None
+    for ex in rows.examples:
+        score = reward_fn(ex.prompt, reference_completion(reward, ex.answer), ex)
+        kind = "unscorable" if score is None else "correct" if score == 1.0 else "wrong"
+        counts[kind] += 1
+        if kind != "correct" and first_bad is None:
+            first_bad = ex.meta["source"]
+    sample = rows.examples[0]
+    return {
+        "path": path, "format": rows.container, "layout": rows.layout,
+        "rows": len(rows.examples),
+        "sample": {"source": sample.meta["source"], "prompt": sample.prompt,
+                   "answer": sample.answer, "messages": sample.meta.get("messages")},
+        "reward": {"spec": reward, **counts, "first_not_correct": first_bad},
+    }

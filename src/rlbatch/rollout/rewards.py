@@ -1,0 +1,241 @@
+"""Verifiable rewards for dataset tasks: exact, numeric, GSM8K `####`, LaTeX `\\boxed{}`, custom.
+
+Every reward has the Task signature `(prompt, completion, example) -> float | None` and is pure
+Python (no torch). `make_reward(spec, tolerance)` turns `task.reward` into one of them:
+
+- `exact`   1.0 when completion and answer are equal after stripping surrounding whitespace.
+- `numeric` the last number in the completion against the answer, equal when
+            `abs(a - b) <= tolerance * max(1, abs(b))` (relative above 1, absolute below).
+            Numbers may carry a sign, thousands commas (`1,234`), decimals, an exponent, or be
+            a fraction `3/4` / `\\frac{3}{4}`.
+- `gsm8k`   the number after the last `####` (commas and `$` dropped), compared as `numeric`.
+            The ground truth is a GSM8K solution (`... #### 42`) or a bare number.
+- `boxed`   the content of the last `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed.
+            Compared numerically when both sides parse as numbers, else as normalized LaTeX
+            (whitespace, `$`, `\\left`/`\\right`, thin spaces, `\\dfrac`/`\\tfrac` removed).
+            The ground truth may be a bare answer or contain its own `\\boxed{}`.
+- `module:function` a user function imported from the Python path; it must return a number,
+  a bool or None.
+
+When a reward returns None (unscorable; the trainer counts it, never silently 0): the ground
+truth cannot be parsed by the chosen reward (e.g. `numeric` with answer "blue"), or the
+extractor finds nothing in the completion (`numeric`: no number; `gsm8k`: no number after a
+`####`; `boxed`: no `\\boxed{}`). A completion that yields an answer which is merely wrong scores
+0.0. `exact` never returns None.
+
+Deviations: extraction is deliberately simpler than math-verify/sympy equivalence (no symbolic
+simplification, no units); `gsm8k` and `boxed` fall back to string comparison after
+normalization only when a side is not a number. An import failure of a custom reward raises
+`ConfigError` (a config value that cannot be resolved), naming `task.reward`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+
+from rlbatch.core.errors import ConfigError
+from rlbatch.rollout.tasks import Example, RewardFn, exact_match
+
+BUILTIN_REWARDS = ("exact", "numeric", "gsm8k", "boxed")
+
+# A sign counts only when it does not follow a word or closing bracket (`5-3` is 5 and 3).
+_SIGN = r"(?:(?<![\w)}\]])[-+])?"
+_NUM = rf"{_SIGN}(?:(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
+# A fraction (`-3/4`, `\frac{3}{4}`) or a plain number; fractions first so `3/4` is one token.
+_NUMBER_RE = re.compile(
+    rf"[-+]?\\[dt]?frac\{{\s*(?:{_NUM})\s*\}}\{{\s*(?:{_NUM})\s*\}}"
+    rf"|(?<![\d./])(?:{_NUM})\s*/\s*(?:{_NUM})(?![\d/]|\.\d)"
+    rf"|(?:{_NUM})"
+)
+_FRAC_RE = re.compile(rf"^([-+]?)\\[dt]?frac\{{\s*({_NUM})\s*\}}\{{\s*({_NUM})\s*\}}$")
+_SLASH_RE = re.compile(rf"^({_NUM})\s*/\s*({_NUM})$")
+_PLAIN_RE = re.compile(rf"^(?:{_NUM})$")
+_MINUS = str.maketrans({"\u2212": "-", "\u2013": "-"})
+
+
+# ---------------------------------------------------------------- parsing helpers (pure)
+
+def _plain(s: str) -> float:
+    return float(s.replace(",", ""))
+
+
+def parse_number(text: str) -> float | None:
+    """The value of `text` when all of it is one number, else None.
+
+    Accepts signs, thousands commas, decimals, exponents, `a/b`, `\\frac{a}{b}` and surrounding
+    `$`, whitespace, a trailing period or `%`. Non-finite values are rejected.
+    """
+    s = text.translate(_MINUS).replace("\\$", "$").replace("\\%", "%").strip()
+    s = s.strip("$").strip().rstrip(".").rstrip("%").strip()
+    value: float | None = None
+    if _PLAIN_RE.match(s):
+        value = _plain(s)
+    elif m := _SLASH_RE.match(s):
+        den = _plain(m.group(2))
+        value = _plain(m.group(1)) / den if den else None
+    elif m := _FRAC_RE.match(s):
+        den = _plain(m.group(3))
+        value = (-1 if m.group(1) == "-" else 1) * _plain(m.group(2)) / den if den else None
+    if value is None or not math.isfinite(value):
+        return None
+    return value
+
+
+def last_number(text: str) -> float | None:
+    """The value of the last number token in `text` (None when there is none)."""
+    for token in reversed(_NUMBER_RE.findall(text.translate(_MINUS))):
+        value = parse_number(token)
+        if value is not None:
+            return value
+    return None
+
+
+def numbers_match(a: float, b: float, tolerance: float) -> bool:
+    """`abs(a - b) <= tolerance * max(1, abs(b))`; b is the ground truth."""
+    return abs(a - b) <= tolerance * max(1.0, abs(b))
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` with balanced braces, else None."""
+    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    for start in reversed(starts):
+        depth = 1
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i]
+    return None
+
+
+def gsm8k_answer(text: str) -> float | None:
+    """The first number after the last `####` (commas and `$` dropped), else None."""
+    if "####" not in text:
+        return None
+    tail = text.rsplit("####", 1)[1].replace("$", "").strip()
+    match = _NUMBER_RE.search(tail.splitlines()[0] if tail else "")
+    return parse_number(match.group(0)) if match else None
+
+
+def normalize_latex(text: str) -> str:
+    """Light normalization for string comparison of boxed answers."""
+    s = text.strip().strip("$")
+    for old, new in (("\\left", ""), ("\\right", ""), ("\\dfrac", "\\frac"),
+                     ("\\tfrac", "\\frac"), ("\\!", ""), ("\\,", ""), ("\\;", ""),
+                     ("\\ ", ""), ("^\\circ", ""), ("^{\\circ}", "")):
+        s = s.replace(old, new)
+    s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
+    s = re.sub(r"\s+", "", s).rstrip(".")
+    return s
+
+
+# ---------------------------------------------------------------- rewards
+
+exact = exact_match  # 1.0 when equal after stripping whitespace (the built-in tasks' reward)
+
+
+def numeric(tolerance: float) -> RewardFn:
+    """Last number in the completion vs the answer parsed as a number (see module doc)."""
+
+    def reward(prompt: str, completion: str, example: Example) -> float | None:
+        truth = parse_number(example.answer)
+        if truth is None:
+            truth = gsm8k_answer(example.answer)
+        got = last_number(completion)
+        if truth is None or got is None:
+            return None
+        return 1.0 if numbers_match(got, truth, tolerance) else 0.0
+
+    reward.__name__ = "numeric"
+    return reward
+
+
+def gsm8k(tolerance: float) -> RewardFn:
+    """The number after the completion's last `####` vs the answer's (or the bare answer)."""
+
+    def reward(prompt: str, completion: str, example: Example) -> float | None:
+        truth = gsm8k_answer(example.answer)
+        if truth is None:
+            truth = parse_number(example.answer)
+        got = gsm8k_answer(completion)
+        if truth is None or got is None:
+            return None
+        return 1.0 if numbers_match(got, truth, tolerance) else 0.0
+
+    reward.__name__ = "gsm8k"
+    return reward
+
+
+def boxed(tolerance: float) -> RewardFn:
+    """The completion's last `\\boxed{}` vs the answer: numerically when both parse, else as text."""
+
+    def reward(prompt: str, completion: str, example: Example) -> float | None:
+        truth = last_boxed(example.answer)
+        truth = example.answer if truth is None else truth
+        got = last_boxed(completion)
+        if got is None or not truth.strip():
+            return None
+        a, b = parse_number(got), parse_number(truth)
+        if a is not None and b is not None:
+            return 1.0 if numbers_match(a, b, tolerance) else 0.0
+        return 1.0 if normalize_latex(got) == normalize_latex(truth) else 0.0
+
+    reward.__name__ = "boxed"
+    return reward
+
+
+# ---------------------------------------------------------------- resolution
+
+def import_reward(spec: str) -> RewardFn:
+    """Import `module:function`; a ConfigError naming `task.reward` when that fails."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"task.reward: '{spec}' is not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"task.reward: cannot import module '{module_name}' ({exc})") from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ConfigError(f"task.reward: module '{module_name}' has no function '{attr}'")
+
+    def reward(prompt: str, completion: str, example: Example) -> float | None:
+        value = fn(prompt, completion, example)
+        if value is None:
+            return None
+        if not isinstance(value, (bool, int, float)):
+            raise ConfigError(f"task.reward: {spec} returned {type(value).__name__}; "
+                              "expected a number or None")
+        return float(value)
+
+    reward.__name__ = attr
+    return reward
+
+
+def make_reward(spec: str, tolerance: float = 1e-6) -> RewardFn:
+    """Resolve `task.reward` (exact | numeric | gsm8k | boxed | module:function)."""
+    if spec == "exact":
+        return exact
+    if spec == "numeric":
+        return numeric(tolerance)
+    if spec == "gsm8k":
+        return gsm8k(tolerance)
+    if spec == "boxed":
+        return boxed(tolerance)
+    if ":" in spec:
+        return import_reward(spec)
+    raise ConfigError(f"task.reward: unknown reward '{spec}'; use one of "
+                      f"{', '.join(BUILTIN_REWARDS)} or module:function")
+
+
+def reference_completion(spec: str, answer: str) -> str:
+    """A completion that states `answer` the way reward `spec` expects (a self-check of data)."""
+    if spec == "gsm8k" and "####" not in answer:
+        return f"#### {answer}"
+    if spec == "boxed" and last_boxed(answer) is None:
+        return f"\\boxed{{{answer}}}"
+    return answer

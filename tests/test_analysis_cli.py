@@ -1,0 +1,200 @@
+"""`analyze` end to end on a synthetic sweep with known crossings, and `rlbatch analyze`."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlbatch.analysis.analyze import analyze
+from rlbatch.analysis.crossing import Target
+from rlbatch.cli.main import main
+from rlbatch.core.runlog import RunWriter
+
+ACC = "eval/accuracy"
+# N* per seed by B; None = never reaches the target (censored at 12,000 samples).
+SWEEP = {
+    32: [4550],
+    64: [4450, 4550, 4650],
+    128: [4450, 4550, 4650],  # reference: B0 = 128
+    256: [4350, 4550, 4550],
+    512: [4450, 4550, 4650],
+    1024: [9050, 9550, 9950],
+    2048: [None, None, None],
+}
+LAST = 12000
+
+
+def write_sweep(root):
+    """Evaluations every 100 samples: 0.25 before N*, 0.75 after, so the crossing of 0.5 is
+    interpolated exactly at N* (N* - 50 -> 0.25, N* + 50 -> 0.75). q = 4B samples/s exactly."""
+    for b, nstars in SWEEP.items():
+        for seed, nstar in enumerate(nstars):
+            d = root / f"grpo-B{b}-s{seed}"
+            cfg = {"algorithm": "grpo", "seed": seed, "output_dir": str(root),
+                   "batch": {"prompts_per_step": b // 8, "samples_per_prompt": 8},
+                   "optimizer": {"reference_sequences": 128, "reference_lr": 1e-4,
+                                 "lr_scaling": "sqrt"},
+                   "target": {"metric": ACC, "value": 0.5},
+                   "derived": {"sequences_per_step": b, "actor_lr": 1e-4 * math.sqrt(b / 128)}}
+            with RunWriter(d) as w:
+                w.write_config(cfg)
+                w.write_manifest({"run_id": d.name, "seed": seed})
+                for i in range(1, LAST // b + 1):
+                    w.log_step({
+                        "step": i, "samples": i * b, "prompts": i * b // 8, "tokens": i * b * 5,
+                        "train_s": i / 4, "time/rollout": 0.1, "time/reward": 0.0,
+                        "time/actor_update": 0.15, "time/critic_update": 0.0, "time/other": 0.0,
+                        "reward/mean": 0.5, "actor/lr": 1e-4, "actor/grad_norm": 1.0,
+                        "actor/loss": 0.0, "actor/noise_scale": 1000.0})
+                for k, s in enumerate(range(0, LAST + 1, 100)):  # step = eval counter (unique)
+                    acc = 0.75 if nstar is not None and s > nstar else 0.25
+                    w.log_eval({"step": k, "samples": s, "train_s": s / (4 * b), ACC: acc})
+    return root
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "fsync", lambda fd: None)  # speed only: RunWriter fsyncs every row
+        return write_sweep(tmp_path_factory.mktemp("sweep"))
+
+
+@pytest.fixture(scope="module")
+def doc(sweep):
+    return analyze([sweep], Target(ACC, 0.5))
+
+
+def by_b(doc):
+    return {c["sequences_per_step"]: c for c in doc["configs"]}
+
+
+def test_configurations_group_seeds_and_medians(doc):
+    cfg = by_b(doc)
+    assert list(cfg) == [32, 64, 128, 256, 512, 1024, 2048]
+    assert [cfg[b]["seeds"] for b in cfg] == [1, 3, 3, 3, 3, 3, 3]
+    assert cfg[128]["samples_to_target"] == 4550.0
+    assert cfg[256]["samples_to_target"] == 4550.0
+    assert cfg[1024]["samples_to_target"] == 9550.0
+    assert cfg[128]["samples_to_target_ci"] == [4450.0, 4650.0]
+    assert cfg[128]["throughput"] == 512.0
+    assert cfg[512]["time_to_target"] == pytest.approx(4550 / 2048, rel=1e-12)
+    assert sorted(r["samples_to_target"] for r in cfg[128]["runs"]) == [4450.0, 4550.0, 4650.0]
+
+
+def test_censored_configuration(doc):
+    c = by_b(doc)[2048]
+    assert c["samples_to_target"] is None and c["time_to_target"] is None
+    assert c["samples_to_target_lower_bound"] == float(LAST)
+    assert c["samples_to_target_ci"] == [float(LAST), None]
+    assert all(r["censored"] for r in c["runs"]) and c["censored_runs"] == 3
+
+
+def test_verdicts_and_critical_batch(doc):
+    cfg = by_b(doc)
+    assert doc["reference"]["config"] == cfg[128]["config"]
+    verdicts = {b: c["verdict"] for b, c in cfg.items()}
+    assert verdicts == {32: "aligned", 64: "aligned", 128: "reference", 256: "aligned",
+                        512: "aligned", 1024: "diverged", 2048: "diverged"}
+    assert cfg[256]["invariance"]["log_samples_ratio"] == 0.0
+    lo, _ = cfg[1024]["invariance"]["log_samples_ratio_ci"]
+    assert lo == pytest.approx(math.log(9050 / 4650), rel=1e-12)
+    cb = doc["critical_batch"]
+    assert cb["critical_batch_divergence"] == 512
+    assert cb["first_not_aligned_batch"] == 1024
+    assert "b_crit_mccandlish" in cb and "cbs_zhang_20pct_model" in cb
+
+
+def test_curve_difference_data(doc):
+    inv = by_b(doc)[512]["invariance"]
+    curves = inv["curves"]
+    assert curves["grid"][0] == 0.0 and curves["grid"][-1] == float(LAST)
+    assert curves["diff"] == [0.0] * len(curves["grid"])  # same seeds' curves as the reference
+    assert inv["normalized_area"] == 0.0
+    assert by_b(doc)[1024]["invariance"]["normalized_area"] > 0.1
+
+
+def test_recommendation_and_prediction(doc):
+    cfg = by_b(doc)
+    rec = doc["recommendation"]
+    assert rec["config"] == cfg[512]["config"]
+    assert rec["p_faster_than_reference"] == 1.0
+    assert rec["speedup_vs_reference"] == pytest.approx(4.0, rel=1e-12)  # same N*, 4x q
+    vs = cfg[512]["vs_reference"]
+    assert (vs["samples_ratio"], vs["throughput_ratio"], vs["faster_by_rule"]) == (1.0, 4.0, True)
+    assert doc["prediction"]["b_noise"] == 1000.0
+    assert doc["prediction"]["b_noise_source"] == "b_simple_actor"
+    n_hat = 4550.0 * (1 + 512 / 1000) / (1 + 128 / 1000)
+    assert cfg[512]["predicted_samples_to_target"] == pytest.approx(n_hat, rel=1e-12)
+    assert cfg[512]["predicted_time_to_target"] == pytest.approx(n_hat / 2048, rel=1e-12)
+    assert cfg[128]["noise_scale"] == {"actor": 1000.0, "critic": None}
+
+
+def test_one_seed_warning_and_settings(doc):
+    assert any("one seed" in w for w in doc["warnings"])
+    s = doc["settings"]
+    assert (s["ci"], s["bootstrap_resamples"], s["margin"]) == (0.90, 2000, math.log(1.15))
+
+
+def test_explicit_reference_run(sweep):
+    d = analyze([sweep], Target(ACC, 0.5), reference_run=str(sweep / "grpo-B256-s0"),
+                n_boot=200)
+    cfg = by_b(d)
+    assert d["reference"]["config"] == cfg[256]["config"]
+    assert cfg[256]["verdict"] == "reference"
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_cli_json(sweep, capsys):
+    code, out, _ = run_cli(["analyze", str(sweep), "--target", "eval/accuracy=0.5", "--json",
+                            "--bootstrap", "300"], capsys)
+    assert code in (0, None)
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["target"] == {"metric": ACC, "value": 0.5, "direction": "higher"}
+    c = by_b(doc)[128]
+    for key in ("config", "sequences_per_step", "lr", "seeds", "samples_to_target",
+                "samples_to_target_ci", "time_to_target", "throughput", "verdict", "runs"):
+        assert key in c
+    assert set(c["runs"][0]) >= {"run", "seed", "samples_to_target", "time_to_target", "censored"}
+    assert doc["critical_batch"]["critical_batch_divergence"] == 512
+    assert doc["recommendation"]["sequences_per_step"] == 512
+
+
+def test_cli_table_uses_config_target(sweep, capsys):
+    code, out, _ = run_cli(["analyze", str(sweep), "--bootstrap", "100"], capsys)
+    assert code in (0, None)
+    assert "critical batch (divergence sense): 512" in out
+    assert "recommendation: grpo-B512" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["analyze", "/nonexistent/sweep", "--target", "eval/accuracy=0.5"], "path not found"),
+    (["analyze", "SWEEP", "--target", "eval/accuracy"], "--target"),
+    (["analyze", "SWEEP", "--target", "eval/missing=0.5"], "absent from all runs"),
+    (["analyze", "SWEEP", "--target", "eval/accuracy=0.5", "--margin", "-1"], "--margin"),
+    (["analyze", "SWEEP", "--target", "eval/accuracy=0.5", "--reference", "/nope"], "not found"),
+])
+def test_cli_bad_input_exits_2_with_one_line(sweep, capsys, args, needle):
+    args = [str(sweep) if a == "SWEEP" else a for a in args]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+
+
+def test_cli_subprocess_json_last_line(sweep):
+    exe = [sys.executable, "-m", "rlbatch.cli.main"]
+    out = subprocess.run(exe + ["analyze", str(sweep / "grpo-B128-s0"), str(sweep / "grpo-B256-s0"),
+                                "--target", "eval/accuracy=0.5", "--json", "--bootstrap", "50"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [c["sequences_per_step"] for c in doc["configs"]] == [128, 256]

@@ -1,0 +1,228 @@
+"""Seed bootstrap, censored medians, invariance verdicts, McCandlish fit, prediction."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rlbatch.analysis import invariance, noise, selection, stats
+
+
+def run(n=None, t=None, q=1.0, last=None, last_t=None):
+    return {"samples_to_target": n, "time_to_target": t, "censored": n is None,
+            "last_samples": last if last is not None else n, "last_train_s": last_t,
+            "throughput": q}
+
+
+# ---------- stats ----------
+
+def test_boot_indices_are_deterministic_per_key():
+    a = stats.boot_indices(3, 5, seed=0, key="cfg-a")
+    assert a.shape == (5, 3) and a.min() >= 0 and a.max() <= 2
+    assert np.array_equal(a, stats.boot_indices(3, 5, seed=0, key="cfg-a"))
+    assert not np.array_equal(stats.boot_indices(3, 50, 0, "cfg-a"),
+                              stats.boot_indices(3, 50, 0, "cfg-b"))
+
+
+def test_censored_median_rule():
+    # 1 of 3 censored: the median is the middle finite value
+    assert stats.median_summary([100, 200, None], [False, False, True], [100, 200, 300]) == \
+        {"median": 200.0, "lower_bound": 200.0}
+    # 2 of 3 censored: null, lower bound = median of (100, 250, 300)
+    assert stats.median_summary([100, None, None], [False, True, True], [100, 300, 250]) == \
+        {"median": None, "lower_bound": 250.0}
+    # even n, exactly half censored: the median averages a censored run -> null
+    assert stats.median_summary([100, None], [False, True], [100, 300]) == \
+        {"median": None, "lower_bound": 200.0}
+
+
+def test_interval_uses_actual_bootstrap_values():
+    x = np.arange(1.0, 101.0)
+    assert stats.raw_interval(x, x, 0.90) == (5.0, 95.0)
+    hi = x.copy()
+    hi[-10:] = np.inf
+    assert stats.interval(x, hi, 0.90) == [5.0, None]  # upper end unbounded
+
+
+def test_one_seed_gives_point_intervals():
+    runs = [run(100.0, 10.0, q=10.0)]
+    b = stats.config_boot("c", runs, n_boot=50, seed=0)
+    s = stats.config_stats(runs, b, 0.9)
+    assert s["samples_to_target"] == 100.0 and s["samples_to_target_ci"] == [100.0, 100.0]
+    assert s["time_to_target_ci"] == [10.0, 10.0] and s["throughput_ci"] == [10.0, 10.0]
+
+
+def test_compare_censored_candidate_far_beyond_is_diverged_else_inconclusive():
+    ref = stats.config_boot("r", [run(100.0, 10.0)] * 3, 200, 0)
+    far = stats.config_boot("c", [run(None, last=200.0, last_t=5.0)] * 3, 200, 0)
+    lo, hi = stats.compare(far, ref, 0.9)["log_samples_ratio_raw"]
+    assert (lo, hi) == (math.log(2.0), math.inf)
+    assert invariance.verdict(lo, hi) == "diverged"
+    short = stats.config_boot("c", [run(None, last=110.0, last_t=5.0)] * 3, 200, 0)
+    lo, hi = stats.compare(short, ref, 0.9)["log_samples_ratio_raw"]
+    assert invariance.verdict(lo, hi) == "inconclusive"
+
+
+def test_compare_ratios_and_probability():
+    base = stats.config_boot("b", [run(100.0, 20.0, q=5.0)] * 2, 100, 0)
+    cand = stats.config_boot("c", [run(200.0, 10.0, q=20.0)] * 2, 100, 0)
+    cmp = stats.compare(cand, base, 0.9)
+    assert cmp["log_samples_ratio_ci"] == [math.log(2.0), math.log(2.0)]
+    assert cmp["samples_ratio_ci"] == [2.0, 2.0]
+    assert cmp["throughput_ratio_ci"] == [4.0, 4.0]
+    assert cmp["p_faster"] == 1.0
+    assert stats.compare(base, cand, 0.9)["p_faster"] == 0.0
+
+
+# ---------- invariance ----------
+
+M = math.log(1.15)
+
+
+@pytest.mark.parametrize("lo,hi,expected", [
+    (-0.1, 0.1, "aligned"), (0.2, 0.3, "diverged"), (M, 0.5, "diverged"),
+    (-0.5, -M, "diverged"), (0.1, 0.2, "inconclusive"), (-0.2, 0.2, "inconclusive"),
+    (-math.inf, math.inf, "inconclusive"), (0.2, math.inf, "diverged"),
+    (math.nan, 0.1, "inconclusive"),
+])
+def test_verdict_rule(lo, hi, expected):
+    assert invariance.verdict(lo, hi, M) == expected
+
+
+def test_verdict_margin_is_configurable():
+    assert invariance.verdict(-0.1, 0.1, margin=0.05) == "inconclusive"
+    assert invariance.verdict(0.06, 0.08, margin=0.05) == "diverged"
+
+
+def test_common_grid_is_union_inside_intersection():
+    c1 = (np.array([0.0, 100, 200, 300]), np.zeros(4))
+    c2 = (np.array([50.0, 150, 250]), np.zeros(3))
+    assert invariance.common_grid([c1, c2]).tolist() == [50.0, 100.0, 150.0, 200.0, 250.0]
+    c3 = (np.array([400.0, 500]), np.zeros(2))
+    assert len(invariance.common_grid([c1, c3])) == 0
+
+
+def test_normalized_area_hand_computed():
+    # trapezoid mean |diff| = ((0+1)/2*1 + (1+1)/2*1) / 2 = 0.75; reference range 4
+    area = invariance.normalized_area(np.array([0.0, 1, 2]), np.array([0.0, 1, 1]),
+                                      np.array([0.0, 2, 4]))
+    assert area == 0.1875
+    assert invariance.normalized_area(np.array([0.0, 1]), np.ones(2), np.ones(2)) is None
+
+
+def test_invariance_curves_one_seed_each():
+    ref = [(np.array([0.0, 100, 200]), np.array([0.0, 0.5, 1.0]))]
+    cand = [(np.array([0.0, 100, 200]), np.array([0.0, 0.25, 0.75]))]
+    idx = np.zeros((10, 1), dtype=int)
+    out = invariance.invariance_curves(ref, cand, idx, idx, 0.9)
+    assert out["grid"] == [0.0, 100.0, 200.0]
+    assert out["diff"] == [0.0, -0.25, -0.25]
+    assert out["band"] == [[0.0, -0.25, -0.25], [0.0, -0.25, -0.25]]
+    assert out["normalized_area"] == 0.1875  # (12.5 + 25) / 200 / 1.0
+    assert out["max_abs_diff"] == 0.25
+
+
+def test_invariance_curves_band_over_two_seeds():
+    ref = [(np.array([0.0, 1]), np.array([0.0, 1.0]))] * 2
+    cand = [(np.array([0.0, 1]), np.array([0.0, 1.0])), (np.array([0.0, 1]), np.array([0.0, 3.0]))]
+    ref_idx = np.zeros((4, 2), dtype=int)
+    cand_idx = np.array([[0, 0], [0, 1], [1, 0], [1, 1]])  # means at x=1: 1, 2, 2, 3
+    out = invariance.invariance_curves(ref, cand, ref_idx, cand_idx, 0.5)
+    assert out["diff"] == [0.0, 1.0]
+    # 50% band: 25th / 75th inverted-cdf percentiles of the diffs (0, 1, 1, 2) at x=1 are 0, 1
+    assert out["band"] == [[0.0, 0.0], [0.0, 1.0]]
+
+
+def test_critical_batch_divergence():
+    def e(b, v):
+        return {"sequences_per_step": b, "verdict": v}
+
+    out = invariance.critical_batch_divergence(
+        [e(64, "aligned"), e(128, "reference"), e(256, "aligned"), e(512, "inconclusive"),
+         e(1024, "aligned")])
+    assert out == {"critical_batch_divergence": 256, "first_not_aligned_batch": 512,
+                   "largest_tested_batch": 1024, "lower_bound_only": False}
+    all_ok = invariance.critical_batch_divergence([e(128, "reference"), e(256, "aligned")])
+    assert all_ok["critical_batch_divergence"] == 256 and all_ok["lower_bound_only"] is True
+    small_bad = invariance.critical_batch_divergence([e(32, "diverged"), e(128, "reference")])
+    assert small_bad["critical_batch_divergence"] is None
+    # two configurations at one B: both must be aligned
+    two = invariance.critical_batch_divergence(
+        [e(128, "reference"), e(256, "aligned"), e(256, "diverged")])
+    assert two["critical_batch_divergence"] == 128
+
+
+# ---------- McCandlish fit, noise-scale summaries, prediction ----------
+
+def test_mccandlish_fit_exact_hyperbola():
+    b = np.array([25.0, 50, 100, 200, 400])
+    e = 10000.0 * (1 + b / 100.0)  # E_min = 1e4, B_noise = 100, S_min = 100
+    fit = noise.mccandlish_fit(b, e)
+    assert fit["b_crit_mccandlish"] == pytest.approx(100.0, rel=1e-9)
+    assert fit["s_min"] == pytest.approx(100.0, rel=1e-9)
+    assert fit["e_min"] == pytest.approx(10000.0, rel=1e-9)
+    assert fit["cbs_zhang_20pct_model"] == pytest.approx(20.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_mccandlish_fit_recovers_b_crit_within_5_percent_under_noise(seed):
+    # 10 batch sizes 16..8192, 3 seeds each with 3% log-normal noise on N*, median per B
+    b = 2.0 ** np.arange(4, 14)
+    s_min, b_noise = 1000.0, 512.0
+    rng = np.random.default_rng(seed)
+    e = s_min * b_noise * (1 + b / b_noise) * np.exp(0.03 * rng.standard_normal((3, len(b))))
+    fit = noise.mccandlish_fit(b, np.median(e, axis=0))
+    assert abs(fit["b_crit_mccandlish"] / b_noise - 1) < 0.05
+
+
+def test_mccandlish_fit_refuses_bad_inputs():
+    assert noise.mccandlish_fit([128, 128], [1e4, 2e4])["reason"].startswith("needs")
+    # E falling with B (slope >= 0 in 1/S vs 1/E) is not the hyperbola
+    assert "hyperbola" in noise.mccandlish_fit([64, 128, 256], [4e4, 2e4, 1e4])["reason"]
+
+
+def test_second_half_median_and_config_summary():
+    steps = pd.DataFrame({"samples": np.arange(100.0, 1001.0, 100.0),
+                          "actor/noise_scale": np.arange(1.0, 11.0)})
+    assert noise.second_half_median(steps, "actor/noise_scale") == 8.0  # median of 6..10
+    assert noise.second_half_median(steps, "critic/noise_scale") is None
+    steps2 = steps.assign(**{"actor/noise_scale": np.arange(1.0, 11.0) * 2})
+    assert noise.config_noise_summary([steps, steps2]) == {"actor": 12.0, "critic": None}
+
+
+def test_prediction():
+    # N*_ref = 1000 at B_ref = 100, B_noise = 100: N*(300) = 1000 * 4 / 2
+    assert noise.predicted_samples(300, 1000.0, 100, 100.0) == 2000.0
+    assert noise.predict_time(300, 50.0, 1000.0, 100, 100.0) == \
+        {"predicted_samples_to_target": 2000.0, "predicted_time_to_target": 40.0}
+    assert noise.predict_time(None, 50.0, 1000.0, 100, 100.0)["predicted_time_to_target"] is None
+    assert noise.choose_b_noise([None, 300.0, 100.0], {}) == (200.0, "b_simple_actor")
+    assert noise.choose_b_noise([None], {"b_crit_mccandlish": 64.0}) == \
+        (64.0, "b_crit_mccandlish_fit")
+
+
+# ---------- selection ----------
+
+def test_recommendation_is_lowest_time_among_aligned():
+    def entry(cfg, verdict, t, p=None):
+        return {"config": cfg, "verdict": verdict, "time_to_target": t, "time_to_target_ci":
+                [t, t], "sequences_per_step": 1, "lr": 1.0,
+                "vs_reference": None if p is None else {"p_faster": p}}
+    entries = [entry("ref", "reference", 10.0), entry("a", "aligned", 6.0, 0.9),
+               entry("d", "diverged", 2.0, 1.0), entry("i", "inconclusive", 3.0, 1.0)]
+    rec = selection.recommend(entries, "ref")
+    assert (rec["config"], rec["speedup_vs_reference"], rec["p_faster_than_reference"]) == \
+        ("a", 10.0 / 6.0, 0.9)
+    only_ref = selection.recommend(entries[:1], "ref")
+    assert only_ref["is_reference"] and only_ref["p_faster_than_reference"] is None
+    assert selection.recommend([entry("ref", "reference", None)], "ref") is None
+
+
+def test_versus_baseline_rule():
+    base = {"samples_to_target": 100.0, "time_to_target": 20.0, "throughput": 5.0}
+    cand = {"samples_to_target": 150.0, "time_to_target": 15.0, "throughput": 10.0}
+    cmp = {"samples_ratio_ci": [1.4, 1.6], "throughput_ratio_ci": [1.9, 2.1], "p_faster": 0.95}
+    vs = selection.versus_baseline(cand, base, cmp)
+    assert (vs["samples_ratio"], vs["throughput_ratio"], vs["time_ratio"]) == (1.5, 2.0, 0.75)
+    assert vs["faster_by_rule"] is True  # q ratio 2.0 > N* ratio 1.5
