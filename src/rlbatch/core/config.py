@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 LR_EXPONENTS = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}
 # Metrics whose range is known; a target outside it can never be reached.
+DEFAULT_DIGITS = {"addition": 3, "reverse": 6}
 BOUNDED_METRICS = {"eval/accuracy": (0.0, 1.0), "reward/mean": (0.0, 1.0)}
 
 
@@ -29,7 +30,10 @@ class _Strict(BaseModel):
 
 class TaskConfig(_Strict):
     name: Literal["addition", "reverse", "dataset"] = "addition"
-    digits: int = Field(3, ge=1, le=12, description="operand / string length (difficulty knob)")
+    digits: int = Field(
+        None, ge=1, le=12, validate_default=False,
+        description="operand / string length (difficulty knob); default 3 (addition), 6 (reverse)",
+    )
     path: str | None = Field(None, description="dataset file (JSONL or Parquet) for name=dataset")
     eval_path: str | None = Field(None, description="held-out dataset file; default: split of path")
     prompt_column: str = "prompt"
@@ -37,6 +41,13 @@ class TaskConfig(_Strict):
     format: Literal["auto", "jsonl", "parquet", "verl"] = "auto"
     reward: str = Field("exact", description="exact | numeric | gsm8k | boxed | module:function")
     tolerance: float = Field(1e-6, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_digits(cls, data):
+        if isinstance(data, dict) and data.get("digits") is None:
+            data = {**data, "digits": DEFAULT_DIGITS.get(data.get("name", "addition"), 3)}
+        return data
 
     @model_validator(mode="after")
     def _dataset_needs_path(self) -> "TaskConfig":

@@ -2,8 +2,12 @@
 
 Built-in tasks are generated deterministically from a seed with a difficulty knob (`digits`):
 
-- `addition`: `abc+def=` -> the sum written reversed and zero-padded to digits+1 places
-  (123+456 -> `9750`). Reversed digits make carries learnable left to right (DESIGN.md).
+- `addition`: operands and sum written least-significant digit first, zero-padded
+  (123+456 -> prompt `321+654=`, answer `9750`). A reversed answer makes carries learnable
+  left to right (DESIGN.md); reversing the operands too puts each answer digit at a fixed
+  offset from the operand digits it needs. Deviation from the DESIGN.md prototype (operands
+  in normal order): on this 2-core machine the warm-start SFT plateau shrank from ~800 to
+  ~320 steps of 128 examples, which keeps `rlbatch model build` well under two minutes.
 - `reverse`: `rev:12345=` -> `54321`; structurally different (copying with reordering,
   no arithmetic), so findings are not tied to one task.
 
@@ -102,8 +106,9 @@ class AdditionTask(_GeneratedTask):
     def make(self, rng: random.Random) -> Example:
         hi = 10**self.digits - 1
         a, b = rng.randint(0, hi), rng.randint(0, hi)
-        s = str(a + b).zfill(self.digits + 1)[::-1]
-        return Example(prompt=f"{a:0{self.digits}d}+{b:0{self.digits}d}=", answer=s,
+        d = self.digits
+        s = str(a + b).zfill(d + 1)[::-1]
+        return Example(prompt=f"{str(a).zfill(d)[::-1]}+{str(b).zfill(d)[::-1]}=", answer=s,
                        meta={"a": a, "b": b})
 
     def space_size(self) -> int:

@@ -33,7 +33,7 @@ from rlbatch.rollout.tasks import BUILTIN_TASKS, Example, answer_tokens, take
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = "0123456789+=rev:"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class TinyRecipe:
     check_prompts: int = 512
     band_low: float = 0.25
     band_high: float = 0.40
-    min_position_accuracy: float = 0.35
+    min_position_accuracy: float = 0.3
     version: int = RECIPE_VERSION
 
     def key(self) -> str:
@@ -88,6 +88,7 @@ def build_model(recipe: TinyRecipe, vocab_size: int):
         num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads,
         num_key_value_heads=recipe.heads, max_position_embeddings=128,
         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        attn_implementation="eager",
     )
     torch.manual_seed(recipe.seed)
     return LlamaForCausalLM(cfg)
@@ -148,7 +149,9 @@ def warm_start(model, tokenizer, recipe: TinyRecipe,
         model.train()
         loss = _sft_step(model, opt, tokenizer, take(stream, recipe.sft_examples_per_step))
         acc = None
-        if step % recipe.check_every == 0:
+        # Check often once the jump starts (accuracy >= 0.1), so the band is not skipped.
+        every = recipe.check_every if not history or history[-1]["accuracy"] < 0.1 else 5
+        if step % every == 0:
             acc, per_pos = greedy_accuracy(model, tokenizer, held_out)
             history.append({"step": step, "accuracy": acc, "position_accuracy": per_pos})
             center = (recipe.band_low + recipe.band_high) / 2

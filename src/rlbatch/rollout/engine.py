@@ -1,0 +1,98 @@
+"""Decode-engine interface shared by the built-in, `transformers`-generate and vLLM engines.
+
+`generate(prompt_ids, params, concurrency)` decodes every prompt (already repeated G times by
+the caller) with at most `concurrency` sequences in flight, and returns `Rollouts`: response
+token ids, the per-token log-probabilities under the sampling policy, masks, lengths, finish
+reasons and timing. The sampling policy's log-probability is that of the temperature-scaled
+distribution `log_softmax(logits / T)`; top-p truncation is not folded into it (as in verl and
+OpenRLHF), so the trainer's teacher-forced forward at the same T reproduces it. Greedy
+decoding reports `log_softmax(logits)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+@dataclass
+class Rollouts:
+    prompt_ids: list[list[int]]
+    response_ids: torch.Tensor  # (N, T) padded with pad_id
+    logprobs: torch.Tensor  # (N, T) float32, 0 where mask is False
+    mask: torch.Tensor  # (N, T) bool, True on generated tokens (EOS included)
+    lengths: torch.Tensor  # (N,) int64
+    finish_reasons: list[str]  # "eos" | "length"
+    timing: dict = field(default_factory=dict)  # prefill_s, decode_s, tokens
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def eos_ids_of(model, tokenizer) -> list[int]:
+    """EOS ids from the generation config (may be a list) or the tokenizer."""
+    gen = getattr(model, "generation_config", None)
+    ids = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    if ids is None:
+        return []
+    return list(ids) if isinstance(ids, (list, tuple)) else [int(ids)]
+
+
+def pad_id_of(tokenizer) -> int:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    return int(tokenizer.eos_token_id or 0)
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick next tokens from (n, V) logits; return (tokens (n,), logprobs (n,)).
+
+    The log-probability is taken under log_softmax(logits / T) (module docstring).
+    """
+    logits = logits.float()
+    if params.greedy:
+        logp = torch.log_softmax(logits, dim=-1)  # (n, V)
+        tok = logits.argmax(dim=-1)
+        return tok, logp.gather(1, tok[:, None]).squeeze(1)
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)  # (n, V)
+    if params.top_p < 1.0:
+        sorted_p, idx = logp.exp().sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < params.top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        choice = torch.multinomial(sorted_p, 1, generator=generator)  # (n, 1)
+        tok = idx.gather(1, choice).squeeze(1)
+    else:
+        # Exponential-race (Gumbel-max) sampling: argmax(logp - log E), E ~ Exp(1), draws
+        # exactly from softmax(logp) and is cheaper than multinomial for small batches.
+        noise = torch.empty_like(logp).exponential_(generator=generator)
+        tok = (logp - noise.log()).argmax(dim=-1)
+    return tok, logp.gather(1, tok[:, None]).squeeze(1)
+
+
+def pack_rollouts(prompt_ids: list[list[int]], responses: list[list[int]],
+                  logprobs: list[list[float]], reasons: list[str], pad_id: int,
+                  timing: dict) -> Rollouts:
+    n = len(responses)
+    t = max((len(r) for r in responses), default=0)
+    ids = torch.full((n, t), pad_id, dtype=torch.long)
+    lp = torch.zeros((n, t), dtype=torch.float32)
+    mask = torch.zeros((n, t), dtype=torch.bool)
+    for i, (r, l) in enumerate(zip(responses, logprobs)):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        lp[i, : len(l)] = torch.tensor(l, dtype=torch.float32)
+        mask[i, : len(r)] = True
+    lengths = mask.sum(1)
+    return Rollouts(prompt_ids, ids, lp, mask, lengths, reasons, timing)
