@@ -43,7 +43,9 @@ def resolve_model_path(model: str, task_name: str, digits: int,
 
 def load_model_and_tokenizer(path: Path, device: str = "cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)

@@ -1,0 +1,74 @@
+"""Advantage estimators (pure functions over tensors; house rule 1).
+
+- `grpo_advantages`: group-relative advantages of GRPO (Shao et al. 2024, DeepSeekMath,
+  eq. 3/outcome supervision): within each group of G responses to one prompt,
+  A_i = (r_i - mean(r)) / (std(r) + eps), or the mean-only variant A_i = r_i - mean(r)
+  (Liu et al. 2025, "Dr. GRPO", which drops the std division). std is the population std
+  (unbiased=False); a group with identical rewards gets zero advantage.
+- `gae`: generalized advantage estimation (Schulman et al. 2016, eq. 16) over response tokens
+  with a terminal outcome reward on the last valid token, as in PPO for LLMs (Ouyang et al.
+  2022); returns = advantages + values.
+- `masked_whiten`: per-batch advantage normalization over valid tokens (PPO practice).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def grpo_advantages(rewards: torch.Tensor, group_size: int, norm: str = "std",
+                    eps: float = 1e-6) -> tuple[torch.Tensor, dict]:
+    """rewards (P*G,) ordered prompt-major (G consecutive rows per prompt) -> advantages (P*G,)."""
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    r = rewards.float().view(-1, group_size)  # (P, G)
+    centered = r - r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, unbiased=False, keepdim=True)  # (P, 1)
+    if norm == "std":
+        adv = torch.where(std == 0, torch.zeros_like(centered), centered / (std + eps))
+    elif norm == "mean":
+        adv = centered
+    else:
+        raise ValueError(f"unknown advantage norm {norm!r}")
+    solved = (std == 0).float().mean().item()
+    return adv.view(-1), {"adv/zero_std_groups": solved}
+
+
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+        gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """token_rewards, values, mask: (B, T) -> (advantages (B, T), returns (B, T)).
+
+    Responses are right-padded: mask is True on a prefix of each row. The value after the
+    last valid token is 0 (episode end). Computed with a backward scan over T.
+    """
+    B, T = values.shape
+    m = mask.float()
+    values = values.float() * m
+    adv = torch.zeros_like(values)
+    last = torch.zeros(B, dtype=values.dtype, device=values.device)
+    for t in range(T - 1, -1, -1):
+        next_v = values[:, t + 1] if t + 1 < T else torch.zeros_like(last)
+        delta = token_rewards[:, t].float() + gamma * next_v - values[:, t]
+        last = delta + gamma * lam * last * (m[:, t + 1] if t + 1 < T else 0.0)
+        last = last * m[:, t]
+        adv[:, t] = last
+    return adv, (adv + values) * m
+
+
+def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's scalar reward (B,) on its last valid token -> (B, T)."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    last = mask.long().sum(1) - 1  # (B,)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    valid = last >= 0
+    out[rows[valid], last[valid]] = rewards.float()[valid]
+    return out
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over valid tokens; zero elsewhere."""
+    m = mask.float()
+    n = m.sum().clamp(min=1)
+    mean = (x * m).sum() / n
+    var = (((x - mean) * m) ** 2).sum() / n
+    return (x - mean) * torch.rsqrt(var + eps) * m

@@ -1,0 +1,71 @@
+"""Policy and value losses with one normalization point (house rules 1 and 3).
+
+Per-token terms are computed unnormalized; `aggregate` is the only place a loss is divided.
+It divides the masked sum by a normalizer fixed for the whole minibatch (its total number of
+valid response tokens: token-level "token-mean" aggregation, as in DAPO (Yu et al. 2025)
+and verl's `token-mean` mode). Because every micro-batch divides by the *minibatch* count,
+summing micro-batch gradients gives exactly the minibatch gradient for any
+`micro_batch_sequences` and any padding layout (tested).
+
+- `clipped_surrogate`: PPO's clipped objective (Schulman et al. 2017, eq. 7) per token, with
+  separate lower/upper clip ranges (DAPO's clip-higher): loss = -min(r A, clip(r, 1-el, 1+eh) A).
+- `kl_k3`: the k3 estimator of KL(pi || ref) (Schulman 2020, "Approximating KL divergence"):
+  exp(ref - logp) - (ref - logp) - 1, unbiased and non-negative.
+- `clipped_value_loss`: PPO value loss with value clipping (as in OpenAI baselines / verl):
+  0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """logits (B, T, V), targets (B, T) -> log pi(target) under softmax(logits / T): (B, T)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """(B, T, V) -> (B, T) entropy of softmax(logits / T)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                      clip_low: float, clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped policy loss (B, T) and a (B, T) bool tensor of clipped tokens.
+
+    advantages may be (B,) (one per sequence, GRPO) or (B, T) (per token, PPO).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logp)
+    ratio = torch.exp(logp - old_logp)  # (B, T)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, clipped < unclipped
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref): (B, T)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       clip: float | None) -> torch.Tensor:
+    """Per-token value loss (B, T)."""
+    err = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * err
+    v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
+    return 0.5 * torch.maximum(err, (v_clip - returns) ** 2)
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
+    """The one normalization point: sum over valid tokens / normalizer (minibatch tokens)."""
+    if normalizer <= 0:
+        raise ValueError("normalizer must be positive (the minibatch's valid token count)")
+    return (per_token * mask.to(per_token.dtype)).sum() / normalizer

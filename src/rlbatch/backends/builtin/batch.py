@@ -1,0 +1,73 @@
+"""Tensor layout of a rollout batch for teacher-forced forwards.
+
+Prompts are left-padded to a common width Lp and responses right-padded to T, so response
+token t of every row sits at column Lp + t and is predicted by the logits at column
+Lp - 1 + t. Position ids are the cumulative count of real tokens, so padding changes no
+real token's position (the engine decodes with the same positions): the forward is
+invariant to how much padding a row carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlbatch.algos.losses import token_logprobs
+from rlbatch.rollout.engine import Rollouts
+
+
+@dataclass
+class SeqBatch:
+    input_ids: torch.Tensor  # (N, Lp + T)
+    attention_mask: torch.Tensor  # (N, Lp + T) long
+    position_ids: torch.Tensor  # (N, Lp + T)
+    response_ids: torch.Tensor  # (N, T)
+    response_mask: torch.Tensor  # (N, T) bool
+    prompt_width: int  # Lp
+
+    def rows(self, idx: torch.Tensor | slice) -> "SeqBatch":
+        return SeqBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
+                        self.response_ids[idx], self.response_mask[idx], self.prompt_width)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def build_batch(rollouts: Rollouts, pad_id: int, extra_left_pad: int = 0) -> SeqBatch:
+    """`extra_left_pad` widens the prompt padding (used by tests of padding invariance)."""
+    prompts = rollouts.prompt_ids
+    lp = max(len(p) for p in prompts) + extra_left_pad
+    n, t = rollouts.response_ids.shape
+    ids = torch.full((n, lp + t), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, lp + t), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, lp - len(p): lp] = torch.tensor(p, dtype=torch.long)
+        attn[i, lp - len(p): lp] = 1
+    ids[:, lp:] = rollouts.response_ids
+    attn[:, lp:] = rollouts.mask.long()
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    return SeqBatch(ids, attn, pos, rollouts.response_ids.clone(), rollouts.mask.clone(), lp)
+
+
+def to_device(b: SeqBatch, device) -> SeqBatch:
+    return SeqBatch(b.input_ids.to(device), b.attention_mask.to(device),
+                    b.position_ids.to(device), b.response_ids.to(device),
+                    b.response_mask.to(device), b.prompt_width)
+
+
+def response_hidden_slice(b: SeqBatch) -> slice:
+    """Columns whose outputs predict response tokens 0..T-1."""
+    t = b.response_ids.shape[1]
+    return slice(b.prompt_width - 1, b.prompt_width - 1 + t)
+
+
+def forward_logprobs(model, b: SeqBatch, temperature: float,
+                     with_logits: bool = False):
+    """Teacher-forced log-probs of the response tokens: (N, T) (and logits (N, T, V))."""
+    width = b.prompt_width + b.response_ids.shape[1] - 1  # the last token predicts nothing
+    out = model(input_ids=b.input_ids[:, :width], attention_mask=b.attention_mask[:, :width],
+                position_ids=b.position_ids[:, :width], use_cache=False)
+    logits = out.logits[:, response_hidden_slice(b)]  # (N, T, V)
+    lp = token_logprobs(logits, b.response_ids, temperature)
+    return (lp, logits) if with_logits else lp

@@ -1,0 +1,170 @@
+"""Counters, stopping rules and the run directory of one training run.
+
+`open_run` decides what an existing run directory means: a finished run is returned as is
+(re-running is idempotent), an interrupted one needs `resume=True` (or `fresh=True` to start
+over), and anything else is a one-line error. On resume the log files are cut back to the
+last checkpoint, so the rows of steps that are re-run are not duplicated.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from rlbatch.core.config import Config
+from rlbatch.core.errors import ConfigError
+from rlbatch.core.runlog import (RunWriter, _read_json, build_manifest, make_run_id,
+                                 truncate_jsonl_after_step)
+
+TERMINAL = ("target_reached", "budget_exhausted", "diverged", "failed")
+
+
+def _fresh_counters(cfg: Config) -> dict:
+    return {"step": 0, "samples": 0, "prompts": 0, "tokens": 0, "train_s": 0.0,
+            "consumed": 0, "nonfinite_total": 0, "nonfinite_run": 0,
+            "next_eval": cfg.eval.every_samples, "next_ckpt": cfg.checkpoint.every_samples or 0,
+            "evals_done": 0, "eval_s": 0.0, "checkpoint_s": 0.0, "first_step_s": None,
+            "target": None, "status": "running", "last_eval": None}
+
+
+class RunState:
+    def __init__(self, cfg: Config, run_dir: Path, resuming: bool, finished: bool):
+        self.cfg = cfg
+        self.dir = run_dir
+        self.resuming = resuming
+        self.finished = finished
+        self.c = _fresh_counters(cfg)
+        self._from_checkpoint = False
+        self.summary = _read_json(run_dir / "summary.json") if finished else {}
+        self.writer: RunWriter | None = None
+
+    @property
+    def status(self) -> str:
+        return self.c["status"]
+
+    def load_counters(self, counters: dict) -> None:
+        self.c.update(counters)
+        self._from_checkpoint = True
+
+    def truncate_logs(self) -> None:
+        if self.finished:
+            return
+        keep = self.c["step"] if self._from_checkpoint else -1
+        truncate_jsonl_after_step(self.dir / "steps.jsonl", keep)
+        truncate_jsonl_after_step(self.dir / "evals.jsonl", keep)
+        self.writer = RunWriter(self.dir)
+        self._write_summary()
+
+    # ---- updates ----
+    def advance(self, prompts: int, samples: int, tokens: int, wall: float, skipped: int,
+                any_skipped: bool) -> None:
+        c = self.c
+        c["step"] += 1
+        c["prompts"] += prompts
+        c["samples"] += samples
+        c["tokens"] += tokens
+        c["train_s"] += wall
+        c["consumed"] += prompts
+        c["first_step_s"] = c["first_step_s"] if c["first_step_s"] is not None else wall
+        c["nonfinite_total"] += skipped
+        c["nonfinite_run"] = c["nonfinite_run"] + 1 if any_skipped else 0
+
+    def log_step(self, row: dict) -> None:
+        self.writer.log_step(row)
+
+    def log_eval(self, row: dict, seconds: float) -> None:
+        c, t = self.c, self.cfg.target
+        self.writer.log_eval(row)
+        c["eval_s"] += seconds
+        c["evals_done"] += 1
+        c["last_eval"] = row
+        every = self.cfg.eval.every_samples
+        c["next_eval"] = (c["samples"] // every + 1) * every
+        value = row.get(t.metric)
+        if c["target"] is None and value is not None and value >= t.value:
+            c["target"] = {"step": row["step"], "samples": row["samples"],
+                           "train_s": row["train_s"], "value": value}
+            if self.cfg.budget.stop_at_target:
+                c["status"] = "target_reached"
+
+    def update_status(self, row: dict) -> None:
+        c, b = self.c, self.cfg.budget
+        if c["status"] != "running":
+            return
+        if c["nonfinite_run"] >= self.cfg.nonfinite.max_consecutive:
+            c["status"] = "diverged"
+        elif c["samples"] >= b.max_samples or (b.max_train_s and c["train_s"] >= b.max_train_s):
+            c["status"] = "target_reached" if c["target"] else "budget_exhausted"
+
+    def due_checkpoint(self) -> bool:
+        every = self.cfg.checkpoint.every_samples
+        if not every or self.c["samples"] < self.c["next_ckpt"]:
+            return False
+        self.c["next_ckpt"] = (self.c["samples"] // every + 1) * every
+        return True
+
+    def counters_for_checkpoint(self) -> dict:
+        return dict(self.c)
+
+    def checkpointed(self, seconds: float) -> None:
+        self.c["checkpoint_s"] += seconds
+
+    # ---- summary ----
+    def _summary(self) -> dict:
+        c, t = self.c, self.cfg.target
+        target = {"metric": t.metric, "value": t.value, "reached": c["target"] is not None}
+        if c["target"]:
+            target.update(c["target"])
+        return {"status": c["status"], "steps": c["step"], "samples": c["samples"],
+                "prompts": c["prompts"], "tokens": c["tokens"], "train_s": c["train_s"],
+                "eval_s": c["eval_s"], "checkpoint_s": c["checkpoint_s"],
+                "first_step_s": c["first_step_s"],
+                "throughput": c["samples"] / c["train_s"] if c["train_s"] else None,
+                "nonfinite_skipped": c["nonfinite_total"], "target": target,
+                "last_eval": c["last_eval"], "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+    def _write_summary(self) -> None:
+        self.summary = self._summary()
+        self.writer.write_summary(self.summary)
+
+    def finish(self) -> dict:
+        self._write_summary()
+        self.writer.close()
+        self.finished = True
+        return self.summary
+
+
+def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunState:
+    resolved = cfg.resolved_dict()
+    run_id = make_run_id(resolved, cfg.seed)
+    run_dir = Path(cfg.output_dir) / run_id
+    exists = (run_dir / "config.yaml").exists()
+    if exists and fresh:
+        shutil.rmtree(run_dir)
+        exists = False
+    if exists:
+        status = _read_json(run_dir / "summary.json").get("status")
+        if status in TERMINAL:
+            return RunState(cfg, run_dir, resuming=False, finished=True)
+        if not resume:
+            raise ConfigError(
+                f"run directory {run_dir} holds an interrupted run: pass --resume to continue "
+                "it or --fresh to start over")
+        return RunState(cfg, run_dir, resuming=True, finished=False)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    w = RunWriter(run_dir)
+    w.write_config(resolved)
+    w.write_manifest(build_manifest(run_id, "builtin", cfg.seed, _versions(cfg)))
+    w.close()
+    return RunState(cfg, run_dir, resuming=False, finished=False)
+
+
+def _versions(cfg: Config) -> dict:
+    import torch
+    import transformers
+
+    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) \
+        else "cpu"
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "device": device, "torch_threads": torch.get_num_threads(), "algorithm": cfg.algorithm}

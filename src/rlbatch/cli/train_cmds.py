@@ -1,0 +1,83 @@
+"""`rlbatch train`: one GRPO/PPO run with the built-in trainer, live progress, final summary."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
+
+err = Console(stderr=True)
+
+
+def _split(row: dict) -> str:
+    keys = ("rollout", "reward", "actor_update", "critic_update", "other")
+    total = sum(row.get(f"time/{k}", 0.0) for k in keys) or 1.0
+    return " ".join(f"{k.split('_')[0]} {100 * row.get(f'time/{k}', 0.0) / total:.0f}%"
+                    for k in keys if row.get(f"time/{k}"))
+
+
+def train(
+    config: Optional[str] = typer.Argument(None, help="YAML config file"),
+    preset: Optional[str] = PresetOption,
+    set_: Optional[list[str]] = SetOption,
+    out: Optional[str] = typer.Option(None, "--out", help="output directory (config output_dir)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run exactly"),
+    fresh: bool = typer.Option(False, "--fresh", help="discard an existing run directory"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Train with the built-in GRPO/PPO trainer and write a run log (steps, evals, summary)."""
+    from rlbatch.backends.builtin.trainer import Trainer
+
+    overrides = list(set_ or []) + ([f"output_dir={out}"] if out else [])
+    if config is None and preset is None:
+        preset = "grpo-tiny"
+    cfg = resolve(config, preset, overrides)
+    trainer = Trainer(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
+    state = {"eval": None}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed:,.0f}/{task.total:,.0f} samples"),
+                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=err,
+                  transient=False) as bar:
+        task = bar.add_task(cfg.name, total=cfg.budget.max_samples, info="")
+
+        def on_event(kind: str, row: dict) -> None:
+            if kind == "eval":
+                state["eval"] = row.get(cfg.target.metric)
+                bar.update(task, completed=row["samples"])
+                return
+            ev = state["eval"]
+            info = (f"step {row['step']} reward {row['reward/mean']:.3f} "
+                    f"{cfg.target.metric} {ev if ev is None else round(ev, 3)} | {_split(row)}")
+            bar.update(task, completed=row["samples"], info=info)
+
+        trainer.cb = on_event
+        summary = trainer.run()
+    run_dir = trainer.state.dir
+    if as_json:
+        print_json({"run_dir": str(run_dir), **summary})
+        return
+    t = summary["target"]
+    crossing = (f"reached at {t['samples']:,} samples, {t['train_s']:.1f} s" if t["reached"]
+                else "not reached")
+    last = summary.get("last_eval") or {}
+    print(f"run: {run_dir}\nstatus: {summary['status']}  steps: {summary['steps']}  "
+          f"samples: {summary['samples']:,}  train_s: {summary['train_s']:.1f}  "
+          f"throughput: {summary['throughput'] or 0:.0f} samples/s\n"
+          f"target {t['metric']} >= {t['value']}: {crossing}; last {t['metric']}: "
+          f"{last.get(t['metric'])}")
+
+
+def _build_printer():
+    def progress(step: int, loss: float, acc: float | None) -> None:
+        if acc is not None:
+            err.print(f"  building tiny model: SFT step {step}, loss {loss:.3f}, "
+                      f"held-out accuracy {acc:.3f}")
+    return progress
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)

@@ -1,0 +1,375 @@
+"""Decode engines: the built-in continuous-batching engine against `transformers` generate
+(tokens) and a teacher-forced forward (log-probabilities); sampling determinism and top-p;
+the vLLM engine (GPU only); and `rlbatch decode-bench` end to end on a small random model.
+
+Models are small random Llama/Qwen2 networks built here (no tiny-model build needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlbatch.cli.main import main
+from rlbatch.core.errors import ConfigError
+from rlbatch.rollout.builtin_engine import BuiltinEngine
+from rlbatch.rollout.decode_bench import (BenchSpec, ModelShape, max_concurrency_in_budget,
+                                          plateau_concurrency, sweep_concurrency)
+from rlbatch.rollout.engine import SamplingParams, sample_next
+from rlbatch.rollout.hf_engine import HFEngine
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, PAD, BOS = 12, 0, 1
+
+
+def small_llama(seed: int = 0, vocab: int = VOCAB, **overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+               bos_token_id=BOS, eos_token_id=None, pad_token_id=PAD, tie_word_embeddings=False)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+
+
+def random_prompts(n: int, seed: int, lo: int = 2, hi: int = 9) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return [[BOS] + torch.randint(3, VOCAB, (k - 1,), generator=g).tolist() for k in lens]
+
+
+def pick_eos(model, prompts, max_new: int) -> int:
+    """A token that the greedy oracle emits in some responses but not in others, so that
+    EOS-terminated and length-terminated sequences both occur (chosen from the oracle)."""
+    free = HFEngine(model, [], PAD).generate(prompts, SamplingParams(max_new, greedy=True), 8)
+    rows = [set(free.response_ids[i, 1:].tolist()) for i in range(len(prompts))]
+    share = {t: sum(t in r for r in rows) / len(rows) for t in range(2, VOCAB)}
+    return min(share, key=lambda t: abs(share[t] - 0.5))
+
+
+def teacher_forced(model, prompt, response, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) of each response token from one unpadded forward."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature  # (L, V)
+    logp = torch.log_softmax(logits, -1)[len(prompt) - 1: len(prompt) - 1 + len(response)]
+    return logp.gather(1, torch.tensor(response)[:, None]).squeeze(1)  # (len(response),)
+
+
+def rows_of(out):
+    return [out.response_ids[i, : out.lengths[i]].tolist() for i in range(len(out.lengths))]
+
+
+# ---- acceptance 1: greedy tokens equal transformers generate ----
+@pytest.mark.parametrize("concurrency", [5, 7])
+def test_greedy_tokens_match_hf_generate(concurrency):
+    model, max_new = small_llama(), 12
+    prompts = random_prompts(23, seed=1)
+    eos = pick_eos(model, prompts, max_new)
+    params = SamplingParams(max_new_tokens=max_new, greedy=True)
+    ours = BuiltinEngine(model, [eos], PAD).generate(prompts, params, concurrency)
+    ref = HFEngine(model, [eos], PAD).generate(prompts, params, concurrency)
+    assert len({len(p) for p in prompts}) >= 4  # uneven prompts
+    assert len(set(ours.lengths.tolist())) >= 3  # uneven responses
+    assert {"eos", "length"} <= set(ours.finish_reasons)
+    assert rows_of(ours) == rows_of(ref)
+    assert ours.finish_reasons == ref.finish_reasons
+    assert torch.equal(ours.lengths, ref.lengths)
+    assert torch.equal(ours.mask, ref.mask)
+    assert torch.allclose(ours.logprobs, ref.logprobs, atol=1e-5, rtol=0)
+
+
+def test_concurrency_one_matches_hf():
+    model = small_llama(seed=3)
+    prompts = random_prompts(6, seed=4)
+    params = SamplingParams(max_new_tokens=7, greedy=True)
+    ours = BuiltinEngine(model, [], PAD).generate(prompts, params, 1)
+    ref = HFEngine(model, [], PAD).generate(prompts, params, 4)
+    assert ours.timing["concurrency"] == 1
+    assert rows_of(ours) == rows_of(ref)
+    assert ours.finish_reasons == ["length"] * 6
+
+
+def test_qwen2_with_attention_bias_matches_hf():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, bos_token_id=BOS, eos_token_id=None,
+                      pad_token_id=PAD, tie_word_embeddings=False)
+    torch.manual_seed(5)
+    model = Qwen2ForCausalLM(cfg).eval()
+    bias = model.model.layers[0].self_attn.q_proj.bias
+    assert bias is not None
+    with torch.no_grad():  # make the biases matter (they are zero-initialised)
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    prompts = random_prompts(11, seed=6)
+    params = SamplingParams(max_new_tokens=9, greedy=True)
+    ours = BuiltinEngine(model, [], PAD).generate(prompts, params, 4)
+    ref = HFEngine(model, [], PAD).generate(prompts, params, 4)
+    assert rows_of(ours) == rows_of(ref)
+    assert torch.allclose(ours.logprobs, ref.logprobs, atol=1e-5, rtol=0)
+
+
+# ---- acceptance 2: log-probabilities equal a teacher-forced forward ----
+@pytest.mark.parametrize("engine_cls", [BuiltinEngine, HFEngine])
+@pytest.mark.parametrize("greedy,temperature", [(True, 1.0), (False, 0.7)])
+def test_logprobs_equal_teacher_forced_forward(engine_cls, greedy, temperature):
+    model = small_llama(seed=7)
+    prompts = random_prompts(13, seed=8)
+    eos = pick_eos(model, prompts, 10)
+    params = SamplingParams(max_new_tokens=10, temperature=temperature, greedy=greedy)
+    torch.manual_seed(9)  # HFEngine samples from the global RNG
+    out = engine_cls(model, [eos], PAD).generate(prompts, params, 5,
+                                                 generator=torch.Generator().manual_seed(9))
+    assert len(set(out.lengths.tolist())) >= 2
+    for i, (prompt, resp) in enumerate(zip(prompts, rows_of(out))):
+        ref = teacher_forced(model, prompt, resp, temperature)
+        got = out.logprobs[i, : len(resp)]
+        assert torch.allclose(got, ref, atol=1e-5, rtol=0), (i, got, ref)
+        assert torch.all(out.logprobs[i, len(resp):] == 0)
+
+
+# ---- sampling ----
+def test_same_generator_seed_gives_identical_rollouts():
+    model = small_llama(seed=10)
+    prompts = random_prompts(17, seed=11)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)
+    engine = BuiltinEngine(model, [2], PAD)
+    a = engine.generate(prompts, params, 6, generator=torch.Generator().manual_seed(123))
+    b = engine.generate(prompts, params, 6, generator=torch.Generator().manual_seed(123))
+    c = engine.generate(prompts, params, 6, generator=torch.Generator().manual_seed(124))
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert a.finish_reasons == b.finish_reasons
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+# Next-token distribution fixed by construction: 0.4, 0.3, 0.2 on tokens 5, 7, 9, the rest
+# 0.1 / 9 each. Nucleus at top_p = 0.75 (smallest prefix of the sorted probabilities whose
+# mass reaches 0.75): {5, 7, 9}, renormalised to 4/9, 3/9, 2/9.
+PROBS = {5: 0.4, 7: 0.3, 9: 0.2}
+
+
+def controlled_model():
+    """Every position's logits are log(PROBS): all embeddings equal, attention and MLP
+    outputs zeroed so the residual stream is the embedding, the head reads a constant."""
+    model = small_llama(seed=12)
+    logits = torch.full((VOCAB,), math.log(0.1 / 9))
+    for t, p in PROBS.items():
+        logits[t] = math.log(p)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.fill_(1.0)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        model.lm_head.weight.copy_(logits[:, None].expand(VOCAB, 32) / 32)
+    return model, logits
+
+
+def test_sample_next_top_p_keeps_only_the_nucleus():
+    _, logits = controlled_model()
+    params = SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.75)
+    tok, lp = sample_next(logits.expand(4000, VOCAB), params, torch.Generator().manual_seed(0))
+    counts = torch.bincount(tok, minlength=VOCAB).float() / len(tok)
+    assert set(tok.unique().tolist()) == set(PROBS)
+    for t, p in PROBS.items():  # renormalised nucleus frequencies, 5 standard errors
+        q = p / 0.9
+        assert abs(counts[t] - q) < 5 * math.sqrt(q * (1 - q) / len(tok))
+    assert torch.allclose(lp, torch.log_softmax(logits, -1)[tok], atol=1e-6)
+
+
+@pytest.mark.parametrize("engine_cls", [BuiltinEngine, HFEngine])
+def test_engines_sample_only_inside_the_nucleus(engine_cls):
+    model, logits = controlled_model()
+    prompts = random_prompts(40, seed=13)
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.75)
+    torch.manual_seed(14)
+    out = engine_cls(model, [], PAD).generate(prompts, params, 8,
+                                              generator=torch.Generator().manual_seed(14))
+    toks = out.response_ids[out.mask]
+    assert set(toks.unique().tolist()) == set(PROBS)  # 640 draws: all three, nothing else
+    expected = torch.log_softmax(logits, -1)[toks]  # top-p is not folded into the log-prob
+    assert torch.allclose(out.logprobs[out.mask], expected, atol=1e-5)
+
+
+# ---- vLLM ----
+def test_vllm_engine_unavailable_is_one_line_config_error():
+    from rlbatch.rollout.models import make_engine
+    from rlbatch.rollout.tiny_model import build_tokenizer
+
+    try:
+        import vllm  # noqa: F401
+        has_vllm = True
+    except ImportError:
+        has_vllm = False
+    if has_vllm and torch.cuda.is_available():
+        pytest.skip("vllm and CUDA are available")
+    with pytest.raises(ConfigError) as exc:
+        make_engine("vllm", small_llama(), build_tokenizer())
+    assert str(exc.value) == "rollout.engine: vllm needs the `vllm` extra and a CUDA GPU"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM needs a CUDA GPU")
+def test_vllm_engine_matches_hf_and_syncs_weights(tmp_path):
+    pytest.importorskip("vllm")
+    from rlbatch.rollout.tiny_model import build_tokenizer
+    from rlbatch.rollout.vllm_engine import VLLMEngine
+
+    tok = build_tokenizer()  # head_dim 64: a size every vLLM attention backend takes
+    model = small_llama(seed=15, vocab=len(tok), hidden_size=256, intermediate_size=512,
+                        num_attention_heads=4, num_key_value_heads=2).cuda()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model = type(model).from_pretrained(tmp_path).cuda().eval()
+    prompts = [[BOS] + p[1:] for p in random_prompts(9, seed=16)]
+    greedy = SamplingParams(max_new_tokens=8, greedy=True)
+    engine = VLLMEngine(model, tok, [], PAD, gpu_memory_utilization=0.3)
+    assert rows_of(engine.generate(prompts, greedy, 4)) == rows_of(
+        HFEngine(model, [], PAD).generate(prompts, greedy, 4))
+    sampled = SamplingParams(max_new_tokens=8, temperature=0.7)
+    a = engine.generate(prompts, sampled, 4, generator=torch.Generator().manual_seed(1))
+    b = engine.generate(prompts, sampled, 4, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a.response_ids, b.response_ids)
+    for i, (p, r) in enumerate(zip(prompts, rows_of(a))):
+        ref = teacher_forced(model, p, r, 0.7)
+        assert torch.allclose(a.logprobs[i, : len(r)], ref.cpu(), atol=1e-3)
+    with torch.no_grad():  # an "update": the synced engine must follow the new weights
+        model.lm_head.weight.mul_(-1.0)
+    engine.sync_weights()
+    assert rows_of(engine.generate(prompts, greedy, 4)) == rows_of(
+        HFEngine(model, [], PAD).generate(prompts, greedy, 4))
+    engine.close()
+
+
+# ---- decode-bench: pure rules ----
+def test_budget_and_plateau_rules():
+    assert max_concurrency_in_budget(1000, 200, 100) == 8
+    assert max_concurrency_in_budget(100, 200, 100) == 0
+    assert max_concurrency_in_budget(None, 200, 100) is None
+    rows = [{"concurrency": 1, "tokens_per_s": 10.0}, {"concurrency": 2, "tokens_per_s": 96.0},
+            {"concurrency": 4, "tokens_per_s": 100.0}, {"concurrency": 8, "tokens_per_s": 97.0}]
+    assert plateau_concurrency(rows) == 2  # 96 >= 0.95 * 100
+    rows[1]["tokens_per_s"] = 94.9
+    assert plateau_concurrency(rows) == 4
+    rows[2]["within_latency_cap"] = False  # over the cap: not eligible; best is now 97
+    assert plateau_concurrency(rows) == 2  # 94.9 >= 0.95 * 97
+    rows[1]["tokens_per_s"] = 90.0
+    assert plateau_concurrency(rows) == 8
+    assert plateau_concurrency([]) is None
+
+
+def test_kv_bytes_follow_the_config():
+    shape = ModelShape.from_model(small_llama())  # 2 layers, 2 kv heads, head_dim 8, fp32
+    assert shape.kv_bytes_per_sequence(10) == 2 * 2 * 2 * 8 * 10 * 4
+    assert shape.weight_bytes == 4 * sum(p.numel() for p in small_llama().parameters())
+
+
+class _OOMEngine:
+    """Decodes nothing; raises the CUDA allocator's error from concurrency 4 on."""
+
+    def generate(self, prompts, params, concurrency, generator=None):
+        if concurrency >= 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return BuiltinEngine(small_llama(), [], PAD).generate(prompts, params, concurrency,
+                                                              generator=generator)
+
+
+def test_sweep_stops_cleanly_at_out_of_memory():
+    spec = BenchSpec(concurrency=(1, 2, 4, 8), prompt_tokens=3, new_tokens=2, reps=1,
+                     min_sequences=4)
+    probes = {"gemm_flops": 1e9, "bandwidth_bytes_per_s": 1e9}
+    out = sweep_concurrency(_OOMEngine(), ModelShape.from_model(small_llama()),
+                            torch.arange(3, VOCAB), spec, probes)
+    assert out["stopped_by"] == "out_of_memory"
+    assert [r["concurrency"] for r in out["rows"]] == [1, 2]
+
+
+# ---- decode-bench: the CLI ----
+@pytest.fixture(scope="module")
+def bench_model(tmp_path_factory):
+    from rlbatch.rollout.tiny_model import build_tokenizer
+
+    tok = build_tokenizer()
+    path = tmp_path_factory.mktemp("bench-model")
+    small_llama(seed=20, vocab=len(tok), eos_token_id=tok.eos_token_id).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def bench(model, *extra):
+    return ["decode-bench", "--model", str(model), "--prompt-tokens", "3", "--new-tokens", "4",
+            "--reps", "1", "--json", *extra]
+
+
+def test_decode_bench_cli_json(bench_model, capsys):
+    code, out, _ = run_cli(bench(bench_model, "--concurrency", "1,2,4"), capsys)
+    assert code in (0, None)
+    doc = json.loads(out.strip().splitlines()[-1])
+    for key in ("model", "engine", "prompt_tokens", "new_tokens", "kv_bytes_per_sequence",
+                "max_concurrency_in_budget", "probes", "rows", "plateau_concurrency",
+                "stopped_by"):
+        assert key in doc, key
+    assert doc["stopped_by"] == "completed" and doc["engine"] == "builtin"
+    assert doc["kv_bytes_per_sequence"] == 2 * 2 * 2 * 8 * (3 + 4) * 4
+    assert doc["probes"]["gemm_flops"] > 0 and doc["probes"]["bandwidth_bytes_per_s"] > 0
+    rows = doc["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 2, 4]
+    for r in rows:
+        assert r["sequences"] == 64 and r["tokens_per_s"] > 0
+        assert r["latency_s"] == pytest.approx(r["concurrency"] * 4 / r["tokens_per_s"])
+        assert 0 < r["roofline_fraction"]
+        assert r["roofline_bound_flops"] <= doc["probes"]["gemm_flops"] * (1 + 1e-12)
+    best = max(r["tokens_per_s"] for r in rows)
+    expect = min(r["concurrency"] for r in rows if r["tokens_per_s"] >= 0.95 * best)
+    assert doc["plateau_concurrency"] == expect
+
+
+def test_decode_bench_memory_budget_stops_the_sweep(bench_model, capsys):
+    # 2e-4 GiB = 214,748 bytes: weights (79,488) + 1,792 KV bytes per sequence -> C <= 75.
+    code, out, _ = run_cli(bench(bench_model, "--concurrency", "1,64,128",
+                                 "--memory-budget", "0.0002"), capsys)
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert (doc["weight_bytes"], doc["kv_bytes_per_sequence"]) == (79488, 1792)
+    assert doc["max_concurrency_in_budget"] == (214748 - 79488) // 1792 == 75
+    assert [r["concurrency"] for r in doc["rows"]] == [1, 64]
+    assert doc["stopped_by"] == "memory_budget"
+
+
+def test_decode_bench_latency_cap_stops_the_sweep(bench_model, capsys):
+    code, out, _ = run_cli(bench(bench_model, "--concurrency", "1,2",
+                                 "--latency-cap-s", "1e-9"), capsys)
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["stopped_by"] == "latency_cap"
+    assert [r["concurrency"] for r in doc["rows"]] == [1]
+    assert doc["rows"][0]["within_latency_cap"] is False
+    assert doc["plateau_concurrency"] is None
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--concurrency", "1,two,4"], "--concurrency: expected comma-separated integers"),
+    (["--concurrency", "4,2"], "--concurrency: values must be increasing"),
+    (["--model", "/no/such/folder"], "no such local checkpoint folder"),
+    (["--engine", "nope"], "--engine: unknown engine"),
+])
+def test_decode_bench_bad_input_exits_2_with_one_line(bench_model, capsys, args, needle):
+    base = ["decode-bench", "--model", str(bench_model), "--reps", "1", "--new-tokens", "2",
+            "--concurrency", "1"]
+    code, _, err = run_cli(base + args, capsys)
+    assert code == 2
+    assert needle in err and len(err.strip().splitlines()) == 1

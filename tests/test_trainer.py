@@ -1,0 +1,159 @@
+"""Whole-program tests of the built-in trainer on the warm-started tiny model (real CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlbatch.cli.main import main
+from rlbatch.core.runlog import STEP_REQUIRED, read_run
+
+SMALL = ["batch.prompts_per_step=8", "batch.samples_per_prompt=8", "budget.max_samples=1024",
+         "eval.every_samples=512", "eval.prompts=128"]
+
+
+def _cli(args, capsys=None):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr() if capsys else None
+    return code, out
+
+
+def _sets(items):
+    return [x for item in items for x in ("--set", item)]
+
+
+def _only_run(root: Path) -> Path:
+    runs = [p for p in root.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_grpo_run_log_contract(tiny_model_dir, tmp_path, capsys):
+    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json",
+                      *_sets(SMALL)], capsys)
+    assert code == 0, out.err
+    summary = json.loads(out.out.strip().splitlines()[-1])
+    run = read_run(summary["run_dir"])
+    assert summary["status"] == "budget_exhausted" and summary["samples"] == 1024
+    assert [r["step"] for r in run.steps] == list(range(1, 17))
+    assert [r["samples"] for r in run.steps] == [64 * k for k in range(1, 17)]
+    for row in run.steps:
+        assert all(k in row for k in STEP_REQUIRED)
+        assert row["actor/lr"] == pytest.approx(1e-4 * (64 / 128) ** 0.5)
+    # train_s is the sum of the steps' phase times: evaluation and checkpoints are excluded
+    phases = [k for k in run.steps[0] if k.startswith("time/")]
+    total = 0.0
+    for row in run.steps:
+        total += sum(row[k] for k in phases)
+        assert row["train_s"] == pytest.approx(total, rel=1e-9, abs=1e-9)
+    assert [e["samples"] for e in run.evals] == [0, 512, 1024]
+    assert all(e["eval/prompts"] == 128 for e in run.evals)
+    assert run.config["derived"]["sequences_per_step"] == 64
+    assert run.manifest["backend"] == "builtin" and run.manifest["seed"] == 0
+    # re-running a finished run is idempotent: nothing is recomputed or appended
+    code, _ = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), *_sets(SMALL)], capsys)
+    assert code == 0 and len(read_run(summary["run_dir"]).steps) == 16
+
+
+def test_ppo_critic_schedule(tiny_model_dir, tmp_path, capsys):
+    sets = SMALL + ["critic.warmup_steps=2", "critic.update_every_steps=2", "eval.prompts=64",
+                    "budget.max_samples=512"]
+    code, out = _cli(["train", "--preset", "ppo-tiny", "--out", str(tmp_path), "--json",
+                      *_sets(sets)], capsys)
+    assert code == 0, out.err
+    run = read_run(_only_run(tmp_path))
+    steps = run.steps
+    assert steps[0]["actor/loss"] is None and steps[1]["actor/loss"] is None  # critic warm-up
+    assert all(isinstance(r["actor/loss"], float) for r in steps[2:])
+    updated = [r["step"] for r in steps if r.get("critic/loss") is not None]
+    assert updated == [1, 3, 5, 7]  # every second step
+    assert all(r["time/critic_update"] > 0 for r in steps)  # values are computed every step
+
+
+def test_nonfinite_rewards_skip_updates_then_diverge(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    mod = tmp_path / "nanreward.py"
+    mod.write_text("def reward(prompt, completion, example):\n    return float('nan')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sets = SMALL + ["task.reward=nanreward:reward", "nonfinite.max_consecutive=2",
+                    "eval.at_start=false"]
+    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
+                      "--json", *_sets(sets)], capsys)
+    assert code == 0, out.err
+    summary = json.loads(out.out.strip().splitlines()[-1])
+    assert summary["status"] == "diverged" and summary["nonfinite_skipped"] == 2
+    run = read_run(summary["run_dir"])
+    assert [r["actor/nonfinite_skipped"] for r in run.steps] == [1, 1]
+
+
+def test_bad_model_path_writes_nothing(tmp_path, capsys):
+    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
+                      "--set", f"model={tmp_path / 'missing'}"], capsys)
+    assert code == 2
+    assert "model:" in out.err and len(out.err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_interrupted_run_needs_resume_flag(tiny_model_dir, tmp_path, capsys):
+    sets = SMALL + ["budget.max_samples=128", "eval.prompts=32"]
+    _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), *_sets(sets)], capsys)
+    run = _only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["status"] = "running"  # as a killed run leaves it
+    (run / "summary.json").write_text(json.dumps(summary))
+    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), *_sets(sets)],
+                     capsys)
+    assert code == 2 and "--resume" in out.err
+
+
+DETERMINISTIC_SKIP = ("time/", "train_s", "rollout/tokens_per_s")
+
+
+def _stable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(DETERMINISTIC_SKIP)} for r in rows]
+
+
+def test_sigkill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path):
+    sets = ["batch.prompts_per_step=8", "budget.max_samples=1536", "eval.every_samples=512",
+            "eval.prompts=64", "checkpoint.every_samples=256"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "rlbatch.cli.main", "train", "--preset", "grpo-tiny", *_sets(sets)]
+    subprocess.run(cmd + ["--out", str(tmp_path / "a")], check=True, env=env,
+                   capture_output=True)
+    proc = subprocess.Popen(cmd + ["--out", str(tmp_path / "b")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    steps = None
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        found = list((tmp_path / "b").glob("*/steps.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 10:
+            steps = found[0]
+            break
+        time.sleep(0.05)
+    assert steps is not None, "training did not reach step 10"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_rows = len(steps.read_text().splitlines())
+    assert killed_rows < 24  # really interrupted
+    assert json.loads((steps.parent / "summary.json").read_text())["status"] == "running"
+    subprocess.run(cmd + ["--out", str(tmp_path / "b"), "--resume"], check=True, env=env,
+                   capture_output=True)
+    a, b = read_run(_only_run(tmp_path / "a")), read_run(_only_run(tmp_path / "b"))
+    assert len(a.steps) == 24 and len(b.steps) == 24
+    assert _stable(b.steps) == _stable(a.steps)
+    assert _stable(b.evals) == _stable(a.evals)
+    assert b.summary["status"] == a.summary["status"] == "budget_exhausted"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
