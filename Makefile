@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/rlbatch demo
+	$(BIN)/rlbatch model build
+	$(BIN)/rlbatch train --preset grpo-tiny --out runs/demo
+	$(BIN)/rlbatch analyze runs/demo --target eval/accuracy=0.5
 
 test: setup
 	$(BIN)/python -m pytest

@@ -6,8 +6,6 @@ JSON document as the last stdout line). The progress bar goes to stderr.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -36,12 +34,15 @@ def decode_bench(
     prompt_tokens: int = typer.Option(9, help="tokens per random prompt"),
     new_tokens: int = typer.Option(32, help="tokens generated per sequence (EOS disabled)"),
     engine: str = typer.Option("builtin", help="builtin | hf"),
-    memory_budget: Optional[float] = typer.Option(
+    memory_budget: float | None = typer.Option(
         None, help="GiB for weights + KV cache (default: device memory, or RAM on CPU)"),
-    latency_cap_s: Optional[float] = typer.Option(
+    latency_cap_s: float | None = typer.Option(
         None, help="stop after the first C whose per-sequence latency exceeds this"),
     reps: int = typer.Option(3, help="timed repetitions per C (median), after one warm-up"),
+    min_sequences: int = typer.Option(
+        64, help="sequences per C: the smallest multiple of C that is >= this"),
     device: str = typer.Option("auto", help="auto | cpu | cuda[:i]"),
+    threads: int | None = typer.Option(None, help="torch intra-op threads (default: torch's)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Sweep decode concurrency C: tokens/s, per-sequence latency, KV bytes, roofline fraction,
@@ -53,18 +54,19 @@ def decode_bench(
     budget = None if memory_budget is None else max(1, int(memory_budget * GIB))
     spec = BenchSpec(concurrency=parse_concurrency(concurrency), prompt_tokens=prompt_tokens,
                      new_tokens=new_tokens, reps=reps, memory_budget_bytes=budget,
-                     latency_cap_s=latency_cap_s)
+                     latency_cap_s=latency_cap_s, min_sequences=min_sequences)
     err = Console(stderr=True)
     with Progress(TextColumn("decode-bench C={task.fields[c]}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                   transient=True) as bar:
         task = bar.add_task("sweep", total=len(spec.concurrency), c=spec.concurrency[0])
 
-        def progress(c: int, row: dict | None) -> None:
+        def progress(c: int, row: dict) -> None:
             nxt = [x for x in spec.concurrency if x > c]
             bar.update(task, advance=1, c=nxt[0] if nxt else c)
 
-        result = run_decode_bench(model, engine, spec, device=device, progress=progress)
+        result = run_decode_bench(model, engine, spec, device=device, threads=threads,
+                                  progress=progress)
     if as_json:
         print_json(result)
         return
@@ -84,7 +86,7 @@ def render_table(result: dict) -> Table:
         mark = "" if r["within_latency_cap"] else " (over cap)"
         table.add_row(str(r["concurrency"]), str(r["sequences"]), f"{r['tokens_per_s']:,.0f}",
                       f"{r['latency_s']:.3f}{mark}", f"{r['kv_bytes'] / 2 ** 20:.2f}",
-                      f"{r['arithmetic_intensity']:.2f}", r["bound_by"][:3],
+                      f"{r['arithmetic_intensity']:.2f}", r["bound_by"],
                       f"{r['achieved_flops'] / 1e9:.2f}", f"{100 * r['roofline_fraction']:.1f}%")
     table.caption = ("latency = C x new tokens / tokens/s (Little's law); FLOP/B = decode-step "
                      "intensity; roofline = achieved / min(GEMM peak, FLOP/B x bandwidth)")
@@ -96,14 +98,15 @@ def summary_lines(result: dict) -> list[str]:
     budget = result["memory_budget_bytes"]
     cmax = result["max_concurrency_in_budget"]
     best = result["best_tokens_per_s"]
+    plateau = (f"plateau: C = {result['plateau_concurrency']} (smallest C within 5% of the "
+               f"best, {best:,.0f} tokens/s)" if best else "plateau: none (no C measured)")
     return [
-        f"plateau: C = {result['plateau_concurrency']} (smallest C within 5% of the best, "
-        f"{best:,.0f} tokens/s)" if best else "plateau: none (no C measured within the limits)",
+        plateau,
         f"stopped_by: {result['stopped_by']}",
         f"KV cache: {result['kv_bytes_per_sequence']:,} bytes per sequence; budget "
         + (f"{budget / GIB:.2f} GiB -> at most C = {cmax:,}" if budget else "unknown"),
-        f"probes: GEMM {p['gemm_flops'] / 1e9:.1f} GFLOP/s, copy bandwidth "
-        f"{p['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, ridge {p['ridge_intensity']:.1f} FLOP/byte",
+        (f"probes: GEMM {p['gemm_flops'] / 1e9:.1f} GFLOP/s, copy bandwidth "
+         f"{p['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, ridge {p['ridge_intensity']:.1f} FLOP/byte"),
     ]
 
 

@@ -1,4 +1,5 @@
-"""`rlbatch train`: one GRPO/PPO run with the built-in trainer, live progress, final summary."""
+"""`rlbatch train`: one GRPO/PPO run with the built-in trainer (or TRL's GRPOTrainer with
+`backend: trl`), live progress, final summary."""
 
 from __future__ import annotations
 
@@ -29,14 +30,19 @@ def train(
     fresh: bool = typer.Option(False, "--fresh", help="discard an existing run directory"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
-    """Train with the built-in GRPO/PPO trainer and write a run log (steps, evals, summary)."""
+    """Train with the built-in GRPO/PPO trainer (or TRL with backend=trl) and write a run log."""
     from rlbatch.backends.builtin.trainer import Trainer
 
     overrides = list(set_ or []) + ([f"output_dir={out}"] if out else [])
     if config is None and preset is None:
         preset = "grpo-tiny"
     cfg = resolve(config, preset, overrides)
-    trainer = Trainer(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
+    if cfg.backend == "trl":  # TRL's GRPOTrainer; same .cb / .run() / .state surface
+        from rlbatch.backends.trl_backend import TRLRun
+
+        trainer = TRLRun(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
+    else:
+        trainer = Trainer(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
     state = {"eval": None}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.completed:,.0f}/{task.total:,.0f} samples"),

@@ -160,6 +160,27 @@ class NonFiniteConfig(_Strict):
     max_consecutive: int = Field(3, gt=0, description="abort after this many skipped updates")
 
 
+class ProfileConfig(_Strict):
+    """`rlbatch profile`: the candidates and the procedure's settings (DESIGN.md)."""
+
+    prompts_per_step: list[int] = Field(
+        [8, 32, 64], description="candidate P values (B = P x G); the baseline P0 = B0 / G is "
+        "always run")
+    seeds: int = Field(1, gt=0, description="seeds per configuration")
+    confirm_seeds: int = Field(0, ge=0, description="extra seeds for the winner and baseline")
+    fixed_lr_control: bool = Field(True, description="also run 2 x B0 with the unscaled LR")
+    concurrency: list[int] = Field([16, 64, 256], description="decode sweep; [] = keep C")
+    early_stop: bool = Field(True, description="stop candidates that diverged or cannot win")
+    margin: float = Field(0.13976, gt=0, description="equivalence margin on log N* ratio")
+    workers: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _positive(self) -> "ProfileConfig":
+        if any(p <= 0 for p in self.prompts_per_step) or any(c <= 0 for c in self.concurrency):
+            raise ValueError("profile.prompts_per_step and profile.concurrency must be positive")
+        return self
+
+
 class Config(_Strict):
     name: str = "run"
     model: str = Field("tiny", description="'tiny' (built-in default) or a local HF checkpoint")
@@ -177,6 +198,7 @@ class Config(_Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     noise_scale: NoiseScaleConfig = NoiseScaleConfig()
     nonfinite: NonFiniteConfig = NonFiniteConfig()
+    profile: ProfileConfig = ProfileConfig()
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: str = "runs"

@@ -48,7 +48,7 @@ import math
 import os
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -58,6 +58,7 @@ from rlbatch.rollout.engine import SamplingParams
 
 PLATEAU_TOLERANCE = 0.05
 STOP_REASONS = ("completed", "memory_budget", "out_of_memory", "latency_cap")
+BENCH_ENGINES = ("builtin", "hf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,7 @@ class BenchSpec:
             raise ConfigError("--concurrency: give one or more positive integers")
         if list(self.concurrency) != sorted(set(self.concurrency)):
             raise ConfigError("--concurrency: values must be increasing and distinct")
-        for name in ("prompt_tokens", "new_tokens", "reps"):
+        for name in ("prompt_tokens", "new_tokens", "reps", "min_sequences"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be a positive integer")
         if self.latency_cap_s is not None and self.latency_cap_s <= 0:
@@ -102,7 +103,7 @@ class ModelShape:
     dtype_bytes: int
 
     @classmethod
-    def from_model(cls, model) -> "ModelShape":
+    def from_model(cls, model) -> ModelShape:
         cfg = model.config
         heads = cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", None) or heads
@@ -181,23 +182,26 @@ def _median_seconds(fn: Callable[[], None], reps: int, sync: Callable[[], None])
     return statistics.median(times)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemm_flops_probe(device: str, dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048),
-                     reps: int = 3) -> float:
-    """Peak matmul FLOP/s: best over `sizes` of the median of `reps` n x n GEMMs (2 n^3 each)."""
+                     reps: int = 3, threads: int | None = None) -> float:
+    """Peak matmul FLOP/s: best over `sizes` of the median of `reps` n x n GEMMs (2 n^3 each).
+    Cached per process; `threads` (torch's intra-op thread count) only keys the cache."""
     sync = cuda_sync_or_none(device) or (lambda: None)
     best = 0.0
     for n in sizes:
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
-        best = max(best, 2.0 * n ** 3 / _median_seconds(lambda: torch.mm(a, b), reps, sync))
-        del a, b
+        a = torch.randn(n, n, device=device).to(dtype)  # (n, n)
+        b = torch.randn(n, n, device=device).to(dtype)  # (n, n)
+        seconds = _median_seconds(functools.partial(torch.mm, a, b), reps, sync)
+        best = max(best, 2.0 * n ** 3 / seconds)
     return best
 
 
-@functools.lru_cache(maxsize=None)
-def bandwidth_probe(device: str, nbytes: int = 256 * 2 ** 20, reps: int = 5) -> float:
-    """Memory bandwidth: (bytes read + bytes written) / s of a large tensor copy."""
+@functools.cache
+def bandwidth_probe(device: str, nbytes: int = 256 * 2 ** 20, reps: int = 5,
+                    threads: int | None = None) -> float:
+    """Memory bandwidth: (bytes read + bytes written) / s of a large tensor copy. Cached per
+    process; `threads` only keys the cache."""
     sync = cuda_sync_or_none(device) or (lambda: None)
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
@@ -235,12 +239,12 @@ def _time_concurrency(engine, prompts, params, c, reps, generator) -> list[float
 
 
 def sweep_concurrency(engine, shape: ModelShape, vocab_ids: torch.Tensor, spec: BenchSpec,
-                      probes: dict, progress: Callable[[int, dict | None], None] | None = None
+                      probes: dict, progress: Callable[[int, dict], None] | None = None
                       ) -> dict:
     """Run the sweep over spec.concurrency with `engine` (EOS disabled by the caller).
 
     Returns {kv_bytes_per_sequence, max_concurrency_in_budget, rows, plateau_concurrency,
-    stopped_by}; `progress(c, row_or_None)` is called after each C.
+    stopped_by}; `progress(c, row)` is called after each measured C.
     """
     tokens = spec.prompt_tokens + spec.new_tokens
     kv_seq = shape.kv_bytes_per_sequence(tokens)
@@ -293,16 +297,15 @@ def load_bench_model(model: str, device: str):
 
 
 def make_bench_engine(name: str, model, pad_id: int):
-    """The engine with EOS disabled (eos_ids=[]): every sequence runs to new_tokens."""
+    """The engine (one of BENCH_ENGINES) with EOS disabled (eos_ids=[]): every sequence runs
+    to new_tokens."""
     if name == "builtin":
         from rlbatch.rollout.builtin_engine import BuiltinEngine
 
         return BuiltinEngine(model, [], pad_id)
-    if name == "hf":
-        from rlbatch.rollout.hf_engine import HFEngine
+    from rlbatch.rollout.hf_engine import HFEngine
 
-        return HFEngine(model, [], pad_id)
-    raise ConfigError(f"--engine: unknown engine '{name}'; use builtin or hf")
+    return HFEngine(model, [], pad_id)
 
 
 def _vocab_ids(model, tokenizer) -> torch.Tensor:
@@ -312,8 +315,16 @@ def _vocab_ids(model, tokenizer) -> torch.Tensor:
 
 
 def run_decode_bench(model_name: str, engine_name: str, spec: BenchSpec, device: str = "auto",
-                     progress: Callable[[int, dict | None], None] | None = None) -> dict:
-    """Load the model, probe the machine, sweep C; returns the JSON-ready result."""
+                     threads: int | None = None,
+                     progress: Callable[[int, dict], None] | None = None) -> dict:
+    """Load the model, probe the machine, sweep C; returns the JSON-ready result.
+    `threads` sets torch's intra-op thread count for the whole process when given."""
+    if engine_name not in BENCH_ENGINES:
+        raise ConfigError(f"--engine: unknown engine '{engine_name}'; use builtin or hf")
+    if threads is not None:
+        if threads <= 0:
+            raise ConfigError("--threads: must be a positive integer")
+        torch.set_num_threads(threads)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer, path = load_bench_model(model_name, device)
@@ -321,8 +332,9 @@ def run_decode_bench(model_name: str, engine_name: str, spec: BenchSpec, device:
     engine = make_bench_engine(engine_name, model, int(pad))
     shape = ModelShape.from_model(model)
     dtype = next(model.parameters()).dtype
-    probes = {"gemm_flops": gemm_flops_probe(device, dtype),
-              "bandwidth_bytes_per_s": bandwidth_probe(device)}
+    threads = torch.get_num_threads()
+    probes = {"gemm_flops": gemm_flops_probe(device, dtype, threads=threads),
+              "bandwidth_bytes_per_s": bandwidth_probe(device, threads=threads)}
     probes["ridge_intensity"] = probes["gemm_flops"] / probes["bandwidth_bytes_per_s"]
     if spec.memory_budget_bytes is None:
         spec = dataclasses.replace(spec, memory_budget_bytes=default_memory_budget(device))
@@ -330,8 +342,9 @@ def run_decode_bench(model_name: str, engine_name: str, spec: BenchSpec, device:
     best = max((r["tokens_per_s"] for r in result["rows"]), default=None)
     return {"model": model_name, "model_path": str(path), "engine": engine_name,
             "device": device, "dtype": str(dtype).removeprefix("torch."),
-            "threads": torch.get_num_threads(), "prompt_tokens": spec.prompt_tokens,
+            "threads": threads, "prompt_tokens": spec.prompt_tokens,
             "new_tokens": spec.new_tokens, "reps": spec.reps,
+            "min_sequences": spec.min_sequences,
             "weight_bytes": shape.weight_bytes, "memory_budget_bytes": spec.memory_budget_bytes,
             "latency_cap_s": spec.latency_cap_s, "probes": probes,
             "best_tokens_per_s": best, **result}

@@ -144,8 +144,8 @@ class VLLMEngine:
         self.close(keep_tmpdir=True)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        kwargs = dict(model=self._model_path(), max_num_seqs=concurrency, dtype=dtype,
-                      gpu_memory_utilization=self.gpu_memory_utilization, seed=0)
+        kwargs = {"model": self._model_path(), "max_num_seqs": concurrency, "dtype": dtype,
+                  "gpu_memory_utilization": self.gpu_memory_utilization, "seed": 0}
         if "logprobs_mode" in _engine_arg_names():
             kwargs["logprobs_mode"] = "processed_logprobs"
         kwargs.update(self.llm_kwargs)
@@ -194,7 +194,7 @@ class VLLMEngine:
 
     # ---- decoding ----
     def _sampling_params(self, params: SamplingParams, seed: int):
-        kw = dict(n=1, max_tokens=params.max_new_tokens, logprobs=0, seed=seed)
+        kw = {"n": 1, "max_tokens": params.max_new_tokens, "logprobs": 0, "seed": seed}
         if params.greedy:
             kw["temperature"] = 0.0
         else:

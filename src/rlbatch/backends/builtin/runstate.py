@@ -18,6 +18,7 @@ from rlbatch.core.runlog import (RunWriter, _read_json, build_manifest, make_run
                                  truncate_jsonl_after_step)
 
 TERMINAL = ("target_reached", "budget_exhausted", "diverged", "failed")
+STOP_FILE = "STOP"  # its text is the reason; checked after every step
 
 
 def _fresh_counters(cfg: Config) -> dict:
@@ -25,7 +26,7 @@ def _fresh_counters(cfg: Config) -> dict:
             "consumed": 0, "nonfinite_total": 0, "nonfinite_run": 0,
             "next_eval": cfg.eval.every_samples, "next_ckpt": cfg.checkpoint.every_samples or 0,
             "evals_done": 0, "eval_s": 0.0, "checkpoint_s": 0.0, "first_step_s": None,
-            "target": None, "status": "running", "last_eval": None}
+            "target": None, "status": "running", "last_eval": None, "stop_reason": None}
 
 
 class RunState:
@@ -92,7 +93,11 @@ class RunState:
         c, b = self.c, self.cfg.budget
         if c["status"] != "running":
             return
-        if c["nonfinite_run"] >= self.cfg.nonfinite.max_consecutive:
+        stop = self.dir / STOP_FILE
+        if stop.exists():  # a cooperative stop request (rlbatch profile's early stopping)
+            c["stop_reason"] = stop.read_text().strip() or "stop requested"
+            c["status"] = "target_reached" if c["target"] else "budget_exhausted"
+        elif c["nonfinite_run"] >= self.cfg.nonfinite.max_consecutive:
             c["status"] = "diverged"
         elif c["samples"] >= b.max_samples or (b.max_train_s and c["train_s"] >= b.max_train_s):
             c["status"] = "target_reached" if c["target"] else "budget_exhausted"
@@ -122,7 +127,7 @@ class RunState:
                 "first_step_s": c["first_step_s"],
                 "throughput": c["samples"] / c["train_s"] if c["train_s"] else None,
                 "nonfinite_skipped": c["nonfinite_total"], "target": target,
-                "last_eval": c["last_eval"], "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                "last_eval": c["last_eval"], "stop_reason": c.get("stop_reason"), "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
     def _write_summary(self) -> None:
         self.summary = self._summary()

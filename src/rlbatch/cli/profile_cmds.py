@@ -1,0 +1,109 @@
+"""`rlbatch profile`: find the configuration with the lowest time to target, with evidence."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
+from rlbatch.core.errors import ConfigError
+
+err = Console(stderr=True)
+
+
+def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated integers, got '{text}'")
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(f"{flag}: give one or more positive integers")
+    return values
+
+
+def _table(rows: list[dict], metric: str) -> Table:
+    t = Table(title="rlbatch profile")
+    for col in ("trial", "B", "lr", "samples", metric, "status"):
+        t.add_column(col, justify="right" if col not in ("trial", "status") else "left")
+    for r in rows:
+        status = r["status"] + (" (stopped)" if r.get("stop_reason") else "")
+        m = r["metric"]
+        t.add_row(r["trial"], str(r["B"]), f"{r['lr']:.3g}", f"{r['samples']:,}",
+                  "-" if m is None else f"{m:.3f}", status)
+    return t
+
+
+def profile(
+    config: Optional[str] = typer.Argument(None, help="YAML config naming the baseline "
+                                           "(optimizer.reference_sequences/_lr), target, profile:"),
+    preset: Optional[str] = PresetOption,
+    set_: Optional[list[str]] = SetOption,
+    batches: Optional[str] = typer.Option(None, help="candidate prompt batches P, e.g. 8,32,64"),
+    seeds: Optional[int] = typer.Option(None, help="seeds per configuration"),
+    concurrency: Optional[str] = typer.Option(None, help="decode sweep values of C"),
+    budget_train_s: Optional[float] = typer.Option(None, help="training-seconds cap per trial"),
+    executor: str = typer.Option("local", help="local | ray"),
+    address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. auto)"),
+    workers: Optional[int] = typer.Option(None, help="trials at once (default 1 on 2 cores)"),
+    out: Optional[str] = typer.Option(None, "--out", help="profile directory"),
+    as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
+) -> None:
+    """Run the two-pass procedure: baseline, sqrt-scaled candidates and a fixed-LR control,
+    alignment checks with early stopping, a decode-concurrency sweep, the full loop to the
+    target, selection of the fastest aligned configuration. Re-run to resume after a kill."""
+    from rlbatch.profile.executors import make_executor
+    from rlbatch.profile.procedure import run_profile
+
+    overrides = list(set_ or [])
+    if batches:
+        overrides.append(f"profile.prompts_per_step=[{','.join(map(str, _ints(batches, '--batches')))}]")
+    if concurrency:
+        overrides.append(f"profile.concurrency=[{','.join(map(str, _ints(concurrency, '--concurrency')))}]")
+    if seeds is not None:
+        overrides.append(f"profile.seeds={seeds}")
+    if workers is not None:
+        overrides.append(f"profile.workers={workers}")
+    if budget_train_s is not None:
+        overrides.append(f"budget.max_train_s={budget_train_s}")
+    if config is None and preset is None:
+        preset = "quick"
+    cfg = resolve(config, preset, overrides)
+    out_dir = out or f"profiles/{cfg.name}"
+    ex = make_executor(executor, cfg.profile.workers, address)
+    with Live(_table([], cfg.target.metric), console=err, refresh_per_second=2) as live:
+        doc = run_profile(cfg, out_dir, ex,
+                          progress=lambda rows: live.update(_table(rows, cfg.target.metric)))
+    _print_decision(doc, out_dir, as_json)
+
+
+def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
+    d, cost = doc["decision"], doc["cost"]
+    if as_json:
+        print_json({"profile_dir": out_dir, "decision": d, "cost": cost, "problem": doc["problem"]})
+        return
+    print(f"profile: {out_dir}/profile.json")
+    if d is None:
+        print(f"no recommendation: {doc['problem'] or 'no aligned configuration reached the target'}")
+    else:
+        speed = d.get("speedup_vs_reference")
+        p = d.get("p_faster_than_reference")
+        print(f"recommendation: P={d['prompts_per_step']} G={d['samples_per_prompt']} "
+              f"(B={d['sequences_per_step']}), lr={d['lr']:.3g}, C={d['generation_concurrency']}")
+        if d.get("is_reference"):
+            print("the baseline itself is fastest among aligned configurations")
+        elif speed:
+            print(f"time to target {d['time_to_target']:.1f} s: {speed:.2f}x faster than the "
+                  f"baseline (bootstrap P(faster) = {p if p is None else round(p, 2)})")
+    m = cost.get("multiple_of_baseline_time_to_target")
+    print(f"profiling cost: {cost['total_s']:.1f} training seconds"
+          + (f" = {m:.2f}x one baseline run's time to target" if m else ""))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)

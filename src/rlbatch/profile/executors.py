@@ -1,0 +1,134 @@
+"""Executors: where trials run.
+
+Every trial is one `rlbatch train CONFIG --resume --json` process, so a crash stays inside its
+trial, and a finished trial is skipped by the trainer itself (its run directory says so). The
+executors only start processes and report when they end; the profile's driver watches the run
+directories for progress and early stopping.
+
+- `LocalExecutor(workers)`: up to `workers` subprocesses at once on this machine.
+- `RayExecutor(address, workers, num_cpus, num_gpus)`: each trial is a Ray task with a
+  resource request that runs the same command on a Ray worker; run directories must be on a
+  filesystem the driver can read (a local Ray runtime, or a shared filesystem on a cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlbatch.core.errors import ConfigError
+
+
+def trial_command(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "rlbatch.cli.main", "train", str(config_path), "--resume",
+            "--json"]
+
+
+@dataclass
+class Finished:
+    name: str
+    returncode: int
+    log: Path
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+        self._running: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+    def capacity(self) -> int:
+        return self.workers - len(self._running)
+
+    def submit(self, name: str, config_path: Path, log_path: Path) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(trial_command(config_path), stdout=log, stderr=log, env=env,
+                                    stdin=subprocess.DEVNULL)
+        self._running[name] = (proc, log_path)
+
+    def poll(self) -> list[Finished]:
+        done = []
+        for name, (proc, log) in list(self._running.items()):
+            code = proc.poll()
+            if code is not None:
+                done.append(Finished(name, code, log))
+                del self._running[name]
+        return done
+
+    def running(self) -> list[str]:
+        return list(self._running)
+
+    def shutdown(self) -> None:
+        for proc, _ in self._running.values():
+            proc.terminate()
+        for proc, _ in self._running.values():
+            proc.wait(timeout=30)
+        self._running.clear()
+
+
+def _run_trial_command(cmd: list[str], log_path: str) -> int:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "ab") as log:
+        return subprocess.run(cmd, stdout=log, stderr=log, env=env,
+                              stdin=subprocess.DEVNULL).returncode
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, address: str | None = None, workers: int = 1, num_cpus: float = 1,
+                 num_gpus: float = 0):
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--executor ray needs the `ray` extra: pip install 'rlbatch[ray]'")
+        self.ray = ray
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=max(1, workers * int(num_cpus or 1)), log_to_driver=False,
+                         include_dashboard=False)
+        self.workers = workers
+        self._task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_run_trial_command)
+        self._running: dict[str, tuple[object, Path]] = {}
+
+    def capacity(self) -> int:
+        return self.workers - len(self._running)
+
+    def submit(self, name: str, config_path: Path, log_path: Path) -> None:
+        ref = self._task.remote(trial_command(config_path), str(log_path))
+        self._running[name] = (ref, log_path)
+
+    def poll(self) -> list[Finished]:
+        if not self._running:
+            return []
+        refs = [ref for ref, _ in self._running.values()]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = []
+        for name, (ref, log) in list(self._running.items()):
+            if ref in ready:
+                done.append(Finished(name, int(self.ray.get(ref)), log))
+                del self._running[name]
+        return done
+
+    def running(self) -> list[str]:
+        return list(self._running)
+
+    def shutdown(self) -> None:
+        for ref, _ in self._running.values():
+            self.ray.cancel(ref, force=True)
+        self._running.clear()
+
+
+def make_executor(name: str, workers: int, address: str | None = None):
+    if name == "local":
+        return LocalExecutor(workers)
+    if name == "ray":
+        return RayExecutor(address=address, workers=workers)
+    raise ConfigError(f"--executor: unknown executor '{name}'; use local or ray")

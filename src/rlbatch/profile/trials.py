@@ -1,0 +1,90 @@
+"""Trials of `rlbatch profile`: which runs the procedure needs, as resolved configs.
+
+Kinds (DESIGN.md "align, then accelerate"):
+- `baseline`: P0 = B0 / G at eta0 (the reference every verdict compares against);
+- `sqrt`: each candidate P with eta(B) = eta0 sqrt(B/B0);
+- `control`: 2 x B0 with the unscaled eta0 (the paper's "double the batch without retuning").
+
+A trial's config is the profile's base config with `batch.prompts_per_step`, the LR rule,
+the seed, the decode concurrency and the output directory replaced, the `profile:` section
+dropped (so editing the candidate list does not change the ids of runs already done), and
+`stop_at_target` on. Its run id is the trainer's, so re-running finds finished trials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlbatch.core.config import Config
+from rlbatch.core.errors import ConfigError
+from rlbatch.core.loading import validate_config
+from rlbatch.core.runlog import make_run_id
+
+
+@dataclass(frozen=True)
+class Trial:
+    name: str
+    kind: str  # baseline | sqrt | control
+    prompts_per_step: int
+    seed: int
+    config: Config
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.config.sequences_per_step
+
+    @property
+    def run_id(self) -> str:
+        return make_run_id(self.config.resolved_dict(), self.seed)
+
+    def run_dir(self) -> Path:
+        return Path(self.config.output_dir) / self.run_id
+
+
+def baseline_prompts(cfg: Config) -> int:
+    o, g = cfg.optimizer, cfg.batch.samples_per_prompt
+    if o.lr is not None or o.reference_sequences is None or o.reference_lr is None:
+        raise ConfigError("profile needs optimizer.reference_sequences and optimizer.reference_lr "
+                          "(B0, eta0) and no fixed optimizer.lr")
+    if o.reference_sequences % g:
+        raise ConfigError(f"optimizer.reference_sequences ({o.reference_sequences}) must be a "
+                          f"multiple of batch.samples_per_prompt ({g})")
+    return o.reference_sequences // g
+
+
+def trial_config(cfg: Config, *, prompts: int, seed: int, rule: str, concurrency: int,
+                 runs_dir: Path, checkpoint_every: int) -> Config:
+    data = cfg.model_dump(mode="json")
+    data.pop("profile", None)
+    data["batch"]["prompts_per_step"] = prompts
+    data["optimizer"]["lr_scaling"] = rule
+    data["seed"] = seed
+    data["rollout"]["generation_concurrency"] = concurrency
+    data["output_dir"] = str(runs_dir)
+    data["budget"]["stop_at_target"] = True
+    data["checkpoint"]["every_samples"] = checkpoint_every
+    return validate_config(data)
+
+
+def plan_trials(cfg: Config, runs_dir: Path, concurrency: int, seeds: list[int],
+                kinds: tuple[str, ...] = ("baseline", "sqrt", "control")) -> list[Trial]:
+    """Trials for the given seeds, baseline first, then candidates by increasing B."""
+    p0 = baseline_prompts(cfg)
+    prof = cfg.profile
+    ckpt = cfg.checkpoint.every_samples or cfg.eval.every_samples
+    specs: list[tuple[str, int, str]] = []
+    if "baseline" in kinds:
+        specs.append(("baseline", p0, cfg.optimizer.lr_scaling))
+    if "sqrt" in kinds:
+        specs += [("sqrt", p, "sqrt") for p in sorted(set(prof.prompts_per_step)) if p != p0]
+    if "control" in kinds and prof.fixed_lr_control:
+        specs.append(("control", 2 * p0, "none"))
+    trials = []
+    for kind, p, rule in specs:
+        for seed in seeds:
+            tc = trial_config(cfg, prompts=p, seed=seed, rule=rule, concurrency=concurrency,
+                              runs_dir=runs_dir, checkpoint_every=ckpt)
+            label = {"baseline": "base", "sqrt": "sqrt", "control": "fixed-lr"}[kind]
+            trials.append(Trial(f"{label}-P{p}-s{seed}", kind, p, seed, tc))
+    return trials

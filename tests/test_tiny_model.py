@@ -1,0 +1,95 @@
+"""The built-in tasks and the tiny default model: determinism, round trip, warm start."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rlbatch.rollout.tasks import AdditionTask, ReverseTask, take
+from rlbatch.rollout.tiny_model import (TinyRecipe, build_tiny, build_tokenizer,
+                                        greedy_accuracy)
+
+
+def test_tasks_are_deterministic_and_correct():
+    for cls in (AdditionTask, ReverseTask):
+        a, b = cls(digits=4), cls(digits=4)
+        assert take(a.train_stream(7), 50) == take(b.train_stream(7), 50)
+        assert take(a.train_stream(7), 50) != take(a.train_stream(8), 50)
+        assert a.eval_set(100) == b.eval_set(100)
+        held = {e.prompt for e in a.eval_set(1024)}
+        assert not held & {e.prompt for e in take(a.train_stream(0), 2000)}
+    ex = AdditionTask(digits=3).make(__import__("random").Random(0))
+    a, b = ex.meta["a"], ex.meta["b"]
+    assert ex.prompt == f"{str(a).zfill(3)[::-1]}+{str(b).zfill(3)[::-1]}="
+    assert ex.answer == str(a + b).zfill(4)[::-1]
+    assert AdditionTask().reward(ex.prompt, ex.answer, ex) == 1.0
+    assert AdditionTask().reward(ex.prompt, "0000", ex) == (1.0 if ex.answer == "0000" else 0.0)
+
+
+def test_tokenizer_round_trip():
+    tok = build_tokenizer()
+    ids = tok("321+654=")["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) == 9
+    assert tok.decode(ids, skip_special_tokens=True) == "321+654="
+    assert tok.decode(tok("9750", add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
+                      skip_special_tokens=True) == "9750"
+
+
+def test_same_seed_same_weights_and_save_load_round_trip(tmp_path):
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    recipe = replace(TinyRecipe(), max_sft_steps=6, check_every=3, check_prompts=32)
+    facts_a = build_tiny(recipe, tmp_path / "a")
+    facts_b = build_tiny(recipe, tmp_path / "b")
+    assert 500_000 <= facts_a["parameters"] <= 5_000_000
+    ma = AutoModelForCausalLM.from_pretrained(tmp_path / "a", attn_implementation="eager")
+    mb = AutoModelForCausalLM.from_pretrained(tmp_path / "b")
+    for (na, pa), (nb, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
+        assert na == nb and torch.equal(pa, pb), na
+    assert facts_a["accuracy"] == facts_b["accuracy"]
+    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "a")
+    assert type(ma).__name__ == "LlamaForCausalLM"
+    ids = torch.tensor([tok("321+654=9750")["input_ids"]])
+    # round trip: the in-memory model that was saved gives the same logits after load
+    rebuilt = replace(recipe)
+    from rlbatch.rollout.tiny_model import build_model, warm_start
+    torch.manual_seed(rebuilt.seed)
+    m = build_model(rebuilt, len(build_tokenizer()))
+    warm_start(m, build_tokenizer(), rebuilt)
+    m.eval()
+    with torch.no_grad():
+        assert torch.equal(m(input_ids=ids).logits, ma.eval()(input_ids=ids).logits)
+    meta = json.loads((tmp_path / "a" / "rlbatch_build.json").read_text())
+    assert meta["recipe"]["max_sft_steps"] == 6
+
+
+def test_cached_tiny_model_is_in_band(tiny_model_dir):
+    """The default checkpoint's measured starting accuracy (1,024 held-out prompts)."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    meta = json.loads((tiny_model_dir / "rlbatch_build.json").read_text())
+    r = TinyRecipe()
+    assert r.band_low <= meta["accuracy"] <= r.band_high
+    assert min(meta["position_accuracy_1024"]) > 0.2  # every digit partly formed (chance 0.1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = PreTrainedTokenizerFast.from_pretrained(tiny_model_dir)
+    acc, _ = greedy_accuracy(model, tok, AdditionTask().eval_set(1024))
+    assert acc == pytest.approx(meta["accuracy"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["addition", "reverse"])
+def test_model_build_cli_in_band(task, tmp_path, monkeypatch, capsys):
+    from rlbatch.cli.main import main
+
+    monkeypatch.setenv("RLBATCH_CACHE", str(tmp_path))
+    try:
+        main(["model", "build", "--task", task, "--json"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["in_band"] and 0.25 <= doc["accuracy"] <= 0.40
+    assert doc["build_s"] < 120
