@@ -28,7 +28,8 @@ def _register() -> None:
     from rlbatch.cli import config_cmds
 
     config_cmds.register(app)
-    for name in ("model_cmds", "train_cmds", "decode_cmds", "profile_cmds", "analyze_cmds", "data_cmds"):
+    for name in ("model_cmds", "train_cmds", "decode_cmds", "profile_cmds", "analyze_cmds", "data_cmds",
+                 "plan_cmds", "ingest_cmds"):
         try:
             module = __import__(f"rlbatch.cli.{name}", fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from rlbatch.core.errors import ConfigError, DataError
@@ -177,6 +178,28 @@ def _expand(word: str, variables: dict[str, str]) -> str:
     return _VAR.sub(sub, word)
 
 
+class Settings:
+    """A framework's settings as read: name -> (value, where). `get` converts a value and
+    falls back to the framework's documented default, noting the assumption."""
+
+    def __init__(self, values: dict[str, tuple[Any, str]], defaults: dict, source: str):
+        self.values, self.defaults, self.source = values, defaults, source
+        self.notes: list[str] = []
+        self.used: dict[str, Any] = {}
+
+    def get(self, name: str, kind=None) -> Any:
+        if name in self.values:
+            value, where = self.values[name]
+            value = kind(value, name, where) if kind else value
+        elif name in self.defaults:
+            value = self.defaults[name]
+            self.notes.append(f"{name} not set; the framework default {value!r} assumed")
+        else:
+            return None
+        self.used[name] = value
+        return value
+
+
 # ---------------------------------------------------------------- JSON lines
 def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
     """(line number, object) for every non-blank line, warnings, and whether the last line
@@ -202,7 +225,8 @@ def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
                 warnings.append(f"{path}:{i}: last line is truncated (cut mid-write); ignored")
                 truncated = True
                 break
-            raise DataError(f"invalid JSON ({exc.__class__.__name__})", where=f"{path}:{i}") from None
+            raise DataError(f"invalid JSON ({exc.__class__.__name__})",
+                            where=f"{path}:{i}") from None
         if not isinstance(obj, dict):
             raise DataError("expected a JSON object", where=f"{path}:{i}")
         records.append((i, obj))
@@ -237,9 +261,11 @@ def is_number(v: Any) -> bool:
 
 
 def num(v: Any) -> float | None:
-    """A finite number as float, else None (NaN/inf are stored as null)."""
+    """A finite number (ints stay ints), else None (NaN/inf are stored as null)."""
     if not is_number(v):
         return None
+    if isinstance(v, int):
+        return v
     f = float(v)
     return f if math.isfinite(f) else None
 
@@ -324,7 +350,7 @@ def read_tensorboard(path: Path) -> TBScalars:
     warnings: list[str] = []
     for f in files:
         catcher = _TruncationLog()
-        log = logging.getLogger(event_file_loader.__name__)
+        log = getattr(event_file_loader, "logger", logging.getLogger("tensorboard"))
         old_level = log.level
         log.addHandler(catcher)
         log.setLevel(logging.DEBUG)
@@ -354,7 +380,9 @@ def read_tensorboard(path: Path) -> TBScalars:
 
 def _scalar(v, tensor_util) -> float | None:
     if v.HasField("simple_value"):
-        return float(v.simple_value)
+        # stored as float32: decode to the shortest decimal that round-trips (1e-06, not
+        # 9.999999974752427e-07)
+        return float(str(np.float32(v.simple_value)))
     if v.HasField("tensor"):
         arr = tensor_util.make_ndarray(v.tensor)
         if arr.size == 1 and arr.dtype.kind in "fiu":

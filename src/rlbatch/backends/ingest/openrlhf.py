@@ -1,0 +1,158 @@
+"""OpenRLHF: TensorBoard events -> run log; a launch command in a .sh file -> `FrameworkConfig`.
+
+Log format (openrlhf/trainer/ppo_trainer.py `save_logs_and_checkpoints`, with
+`--use_tensorboard DIR`): after each rollout step the trainer writes every entry of the
+step's status as the scalar `train/<key>` at `global_step` (one global step = one rollout
+batch of --rollout_batch_size prompts), then evaluates (`eval/<key>` scalars at the same
+step, e.g. eval/eval_<source>_pass1) and checkpoints. Status keys read here (openrlhf/
+trainer/ray/ppo_actor.py, ppo_critic.py): policy_loss, actor_lr, reward, response_length,
+kl, ppo_clip_ratio, critic_loss, critic_lr, values; everything else is kept as
+`openrlhf/<key>`.
+
+There are no phase timers in these logs, so time/* keys are left out; samples = step x P x G;
+train_s = event wall time - the first event's wall time (the SummaryWriter's file_version
+record), minus the evaluation time measured as wall(eval/*) - wall(train/*) of the same step.
+Deviation: start-up between opening the writer and the first step, and checkpoint time, stay
+in train_s (no timer separates them).
+
+Config (openrlhf/cli/train_ppo_ray.py): --rollout_batch_size is in prompts,
+--n_samples_per_prompt is G, --train_batch_size is in samples (one optimizer update per
+train_batch_size samples), --micro_train_batch_size is per GPU, --max_epochs passes over each
+rollout batch; the LR scheduler (transformers get_scheduler via DeepSpeed) steps once per
+optimizer update and --lr_warmup_ratio is a fraction of all optimizer updates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlbatch.backends.ingest.common import (
+    FrameworkConfig,
+    Settings,
+    as_float,
+    as_int,
+    extras,
+    map_metrics,
+    num,
+    read_tensorboard,
+    shell_tokens,
+    tb_step_records,
+)
+from rlbatch.backends.ingest.writer import Converted
+
+ROLLOUT, N, TRAIN = "--rollout_batch_size", "--n_samples_per_prompt", "--train_batch_size"
+MICRO, LR, CRITIC_LR = "--micro_train_batch_size", "--actor_learning_rate", "--critic_learning_rate"
+EPOCHS, WARMUP, ADV, SEED = "--max_epochs", "--lr_warmup_ratio", "--advantage_estimator", "--seed"
+# argparse defaults of openrlhf/cli/train_ppo_ray.py
+DEFAULTS = {ROLLOUT: 1024, N: 1, TRAIN: 128, MICRO: 4, LR: 1e-6, CRITIC_LR: 9e-6, EPOCHS: 1,
+            WARMUP: 0.03, ADV: "gae", SEED: 42}
+
+STEP_METRICS = {
+    "reward/mean": ("reward",),
+    "actor/loss": ("policy_loss",),
+    "actor/lr": ("actor_lr",),
+    "actor/kl": ("kl",),
+    "actor/clip_frac": ("ppo_clip_ratio",),
+    "critic/loss": ("critic_loss",),
+    "critic/lr": ("critic_lr",),
+    "critic/value_mean": ("values",),
+    "response/mean_length": ("response_length",),
+}
+
+
+def read_settings(path: Path) -> dict:
+    """`--name value`, `--name=value` and bare `--flag` words of a launch script."""
+    words = shell_tokens(path)
+    out: dict = {}
+    i = 0
+    while i < len(words):
+        word, line = words[i]
+        i += 1
+        if not word.startswith("--") or word == "--":
+            continue
+        name, eq, value = word.partition("=")
+        if not eq:
+            if i < len(words) and not words[i][0].startswith("--"):
+                value = words[i][0]
+                i += 1
+            else:
+                value = True
+        out[name] = (value, f"{path}:{line}")
+    return out
+
+
+def read_config(path: Path) -> FrameworkConfig:
+    s = Settings(read_settings(path), DEFAULTS, str(path))
+    prompts, n, train = s.get(ROLLOUT, as_int), s.get(N, as_int), s.get(TRAIN, as_int)
+    if train % n:
+        s.notes.append(f"{TRAIN}={train} is not a multiple of {N}={n}; mini-batch rounded")
+    mini = max(1, round(train / n))
+    if mini > prompts:
+        s.notes.append(f"{TRAIN}={train} exceeds the rollout batch ({prompts * n} samples): "
+                       f"optimizer updates span rollout steps")
+    adv = str(s.get(ADV))
+    algorithm = "ppo" if adv == "gae" else "grpo" if adv in ("group_norm", "dr_grpo") else adv
+    return FrameworkConfig(
+        framework="openrlhf", prompts_per_step=prompts, samples_per_prompt=n,
+        lr=s.get(LR, as_float), critic_lr=s.get(CRITIC_LR, as_float) if adv == "gae" else None,
+        mini_batch_prompts=min(mini, prompts), epochs_per_step=s.get(EPOCHS, as_int),
+        warmup_ratio=s.get(WARMUP, as_float), algorithm=algorithm, seed=s.get(SEED, as_int),
+        extra={"micro_train_batch_size": s.get(MICRO, as_int), "train_batch_size": train},
+        settings=s.used, notes=tuple(s.notes), source=str(path))
+
+
+def _step_rows(train: list, evals: dict, batch: tuple, origin: float, algorithm: str,
+               reward_key: str | None) -> tuple[list, float]:
+    """Training rows and the total evaluation seconds subtracted from train_s."""
+    p, b = batch
+    rows, eval_s, tokens = [], 0.0, 0
+    metrics = dict(STEP_METRICS)
+    if reward_key:
+        metrics["reward/mean"] = (reward_key,)
+    for step, data, wall in train:
+        used: set = set()
+        row = {"step": step, "samples": step * b, "prompts": step * p}
+        mean_len = num(data.get("response_length"))
+        tokens = None if tokens is None or mean_len is None else tokens + round(mean_len * b)
+        if tokens is not None:
+            row["tokens"] = tokens
+        row["train_s"] = wall - origin - eval_s
+        row.update(map_metrics(data, metrics, used))
+        if algorithm == "grpo":
+            row["time/critic_update"] = 0.0
+        row.update(extras(data, used, "openrlhf"))
+        rows.append(row)
+        if step in evals:
+            eval_s += max(0.0, evals[step][1] - wall)
+    if tokens is None:
+        for r in rows:
+            r.pop("tokens", None)
+    return rows, eval_s
+
+
+def convert(path: Path, res) -> Converted:
+    from rlbatch.backends.ingest import build_config, max_logged
+
+    p, g = res.require_batch("TensorBoard logs do not record the batch size "
+                             "(samples = step x prompts x samples per prompt)")
+    tb = read_tensorboard(path)
+    train = tb_step_records(tb, {"train/": ""})
+    evals = {s: (d, w) for s, d, w in tb_step_records(tb, {"eval/": "eval/"})}
+    algorithm = res.algorithm or ("ppo" if any("critic_loss" in d for _, d, _ in train)
+                                  else "grpo")
+    steps, eval_s = _step_rows(train, evals, (p, p * g), tb.origin, algorithm, res.reward_key)
+    train_s_at = {r["step"]: r["train_s"] for r in steps}
+    eval_rows = []
+    for step, (data, wall) in sorted(evals.items()):
+        before = [s for s in train_s_at if s <= step]
+        t = train_s_at[max(before)] if before else 0.0
+        eval_rows.append({"step": step, "samples": step * p * g, "train_s": t,
+                          **{k: num(v) for k, v in data.items()}})
+    warnings = list(tb.warnings)
+    config = build_config(res, algorithm, max_logged(steps, "actor/lr"), warnings)
+    extra = {"eval_s": eval_s, "train_s_source": "event wall time since the writer opened, "
+                                                 "minus measured evaluation time"}
+    if steps:
+        extra["first_step_s"] = steps[0]["train_s"]
+    return Converted("openrlhf", list(tb.files), steps, eval_rows, config, res.seed, warnings,
+                     tb.truncated, extra)

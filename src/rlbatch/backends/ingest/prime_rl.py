@@ -1,0 +1,201 @@
+"""prime-rl: metrics.jsonl -> run log; prime-rl TOML -> `FrameworkConfig`.
+
+Log format (src/prime_rl/utils/monitor/file.py `FileMonitor.log`): one line per `log` call,
+`{"step": N, "time": <time.time()>, **metrics}`; several lines may share a step (they are
+merged). The orchestrator and the trainer each write their own metrics.jsonl (the
+orchestrator under <output_dir>/run_default); given a directory, every metrics.jsonl below it
+is read and merged by step, the file holding `progress/total_rollouts` being the primary one
+(its `time` is used). Orchestrator keys (src/prime_rl/orchestrator/*): progress/total_rollouts
+(cumulative rollouts = samples), progress/total_tasks (cumulative prompts),
+progress/output_tokens (this step's generated tokens), time/step; trainer keys
+(src/prime_rl/trainer/rl/train.py): optim/lr, optim/grad_norm, loss/mean, entropy/all/mean.
+The reward key was not confirmed: reward/mean, train/agg/reward/mean and reward/all/mean are
+tried in that order (--reward-key overrides). `eval/*` keys become evaluation rows.
+
+Conversion: samples = progress/total_rollouts (step x batch_size when absent and the batch
+size is known); train_s = time - (first row's time - its time/step); tokens = cumulative
+progress/output_tokens. No phase timers are mapped. Deviation: prime-rl is asynchronous
+(max_async_level steps of off-policy generation), so its wall clock mixes generation of later
+steps into earlier ones; train_s is still the true elapsed time.
+
+Config (src/prime_rl/configs/orchestrator.py, trainer.py): orchestrator.batch_size counts
+rollouts (samples) per step, orchestrator.rollouts_per_example is G, trainer.optim.lr the LR;
+the trainer takes one optimizer step and one scheduler step per step
+(trainer/rl/train.py), scheduler warm-up is trainer.scheduler.warmup_steps.
+Files may be the combined rl TOML ([trainer], [orchestrator]) or the separate ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlbatch.backends.ingest.common import (
+    FrameworkConfig,
+    Settings,
+    as_float,
+    as_int,
+    extras,
+    get_path,
+    load_mapping,
+    map_metrics,
+    merge_steps,
+    num,
+    read_records,
+)
+from rlbatch.backends.ingest.writer import Converted
+from rlbatch.core.errors import ConfigError, DataError
+
+BATCH = ("orchestrator.batch_size", "batch_size")
+GROUP = ("orchestrator.rollouts_per_example", "rollouts_per_example")
+LR = ("trainer.optim.lr", "optim.lr")
+WARMUP = ("trainer.scheduler.warmup_steps", "scheduler.warmup_steps")
+SCHED = ("trainer.scheduler.type", "scheduler.type")
+MAX_STEPS = ("max_steps", "trainer.max_steps", "orchestrator.max_steps")
+SEED = ("orchestrator.seed", "seed")
+# defaults of src/prime_rl/configs (orchestrator batch_size 128, rollouts_per_example 8,
+# optim lr 1e-6, constant scheduler)
+DEFAULTS = {BATCH[0]: 128, GROUP[0]: 8, LR[0]: 1e-6}
+
+STEP_METRICS = {
+    "reward/mean": ("reward/mean", "train/agg/reward/mean", "reward/all/mean"),
+    "actor/lr": ("optim/lr",),
+    "actor/grad_norm": ("optim/grad_norm",),
+    "actor/loss": ("loss/mean",),
+    "actor/entropy": ("entropy/all/mean", "entropy/mean"),
+}
+COUNTER_KEYS = ("step", "time", "progress/total_rollouts", "progress/total_tasks",
+                "progress/output_tokens")
+
+
+def read_config(path: Path) -> FrameworkConfig:
+    data = load_mapping(path)
+    if not isinstance(data, dict):
+        raise ConfigError("expected a TOML table", where=str(path))
+    values = {}
+    for names in (BATCH, GROUP, LR, WARMUP, SCHED, MAX_STEPS, SEED):
+        for name in names:
+            if get_path(data, name) is not None:
+                values[names[0]] = (get_path(data, name), f"{path} ({name})")
+                break
+    s = Settings(values, DEFAULTS, str(path))
+    batch, g = s.get(BATCH[0], as_int), s.get(GROUP[0], as_int)
+    if batch % g:
+        raise ConfigError(f"batch_size {batch} is not a multiple of rollouts_per_example {g}",
+                          where=str(path))
+    sched = s.get(SCHED[0]) or "constant"
+    warmup = s.get(WARMUP[0], as_int)
+    if warmup is None and sched in ("linear", "cosine"):
+        warmup = 10  # LinearSchedulerConfig / CosineSchedulerConfig default
+        s.notes.append("scheduler.warmup_steps not set; the framework default 10 assumed")
+    max_steps = s.get(MAX_STEPS[0], as_int)
+    return FrameworkConfig(
+        framework="prime-rl", prompts_per_step=batch // g, samples_per_prompt=g,
+        lr=s.get(LR[0], as_float), warmup_steps=warmup or None, total_steps=max_steps,
+        algorithm="grpo", seed=s.get(SEED[0], as_int), extra={"scheduler": sched},
+        settings=s.used, notes=tuple(s.notes), source=str(path))
+
+
+# ---------------------------------------------------------------- log
+def metric_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.rglob("metrics.jsonl") if p.is_file())
+    if not files:
+        raise DataError("no metrics.jsonl found", where=str(path))
+    return files
+
+
+def _read(path: Path) -> tuple[list, list, bool]:
+    records, warnings, truncated = read_records(path)
+    items = []
+    for line, obj in records:
+        step = obj.get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise DataError("record has no integer 'step' (prime-rl metrics.jsonl)",
+                            where=f"{path}:{line}")
+        if items and items[-1][0] == step and "time" in items[-1][1]:
+            obj = {k: v for k, v in obj.items() if k != "time"}  # a step's first line dates it
+        items.append((step, obj))
+    merged, w = merge_steps(items, str(path))
+    return merged, warnings + w, truncated
+
+
+def _combined(files: list[Path]) -> tuple[list, Path, list, bool]:
+    """Steps of the primary file, with the other files' keys added where absent."""
+    parsed = {f: _read(f) for f in files}
+    primary = next((f for f, (m, _, _) in parsed.items()
+                    if any("progress/total_rollouts" in d for _, d in m)), files[0])
+    merged, warnings, truncated = parsed[primary]
+    warnings, by_step = list(warnings), dict(merged)
+    for f, (m, w, t) in parsed.items():
+        if f == primary:
+            continue
+        warnings, truncated = warnings + w, truncated or t
+        for s, d in m:
+            for k, v in d.items() if s in by_step else ():
+                by_step[s].setdefault(k, v)
+    return merged, primary, warnings, truncated
+
+
+def _samples(step: int, data: dict, b: int | None, where: str) -> int:
+    total = num(data.get("progress/total_rollouts"))
+    if total is not None:
+        return int(total)
+    if b is None:
+        raise ConfigError(f"step {step} has no progress/total_rollouts; pass --prompts-per-step "
+                          f"and --samples-per-prompt", where=where)
+    return step * b
+
+
+def convert(path: Path, res) -> Converted:
+    from rlbatch.backends.ingest import build_config, max_logged
+
+    files = metric_files(path)
+    merged, primary, warnings, truncated = _combined(files)
+    b, g = res.sequences_per_step, res.samples_per_prompt
+    rows = [(s, d) for s, d in merged if "time" in d or "progress/total_rollouts" in d]
+    if not rows:
+        raise DataError("no step records with 'time' or 'progress/total_rollouts'",
+                        where=str(primary))
+    first = rows[0][1]
+    origin = num(first.get("time"))
+    if origin is not None:
+        origin -= num(first.get("time/step")) or 0.0
+    metrics = dict(STEP_METRICS)
+    if res.reward_key:
+        metrics["reward/mean"] = (res.reward_key,)
+    steps, evals, tokens = [], [], 0
+    for step, data in rows:
+        used = set(COUNTER_KEYS)
+        samples = _samples(step, data, b, str(primary))
+        row = {"step": step, "samples": samples}
+        tasks = num(data.get("progress/total_tasks"))
+        if tasks is not None or g:
+            row["prompts"] = int(tasks) if tasks is not None else samples // g
+        out_tokens = num(data.get("progress/output_tokens"))
+        tokens = None if tokens is None or out_tokens is None else tokens + int(out_tokens)
+        if tokens is not None:
+            row["tokens"] = tokens
+        t = num(data.get("time"))
+        if t is not None and origin is not None:
+            row["train_s"] = t - origin
+        ev = {k: num(v) for k, v in data.items() if k.startswith("eval/")}
+        used.update(ev)
+        row.update(map_metrics(data, metrics, used))
+        row["time/critic_update"] = 0.0
+        row.update(extras(data, used, "prime-rl"))
+        steps.append(row)
+        if ev:
+            evals.append({"step": step, "samples": samples, "train_s": row.get("train_s"), **ev})
+    if tokens is None:
+        for r in steps:
+            r.pop("tokens", None)
+    config = build_config(res, res.algorithm or "grpo", max_logged(steps, "actor/lr"), warnings)
+    if "sequences_per_step" not in config["derived"]:
+        sizes = {num(d.get("progress/rollouts")) for _, d in rows}
+        if len(sizes) == 1 and None not in sizes:
+            config["derived"]["sequences_per_step"] = int(sizes.pop())
+    extra = {"train_s_source": "metrics.jsonl 'time' since the first step began",
+             "first_step_s": num(first.get("time/step"))}
+    return Converted("prime-rl", files, steps, evals, config, res.seed, warnings, truncated,
+                     extra)

@@ -1,0 +1,233 @@
+"""TRL GRPO: trainer_state.json or TensorBoard events -> run log; a GRPOConfig -> `FrameworkConfig`.
+
+Units (trl/trainer/grpo_config.py, transformers TrainingArguments): per_device_train_batch_size
+counts completions per process per micro-step; one generation batch holds
+per_device_train_batch_size x num_processes x steps_per_generation completions
+(steps_per_generation defaults to gradient_accumulation_steps; generation_batch_size is the
+alternative spelling), i.e. P = that / num_generations prompts of G = num_generations; the
+batch is reused num_iterations times, and the optimizer steps every
+gradient_accumulation_steps micro-steps, so one generation spans
+K = steps_per_generation x num_iterations / gradient_accumulation_steps optimizer steps.
+The LR scheduler steps once per optimizer step; warmup_steps counts optimizer steps (a value
+below 1 is a ratio of all steps in transformers >= 5; older versions: warmup_ratio).
+
+Logs: `Trainer.log` appends every logged dict, plus "step" (= global_step, optimizer steps)
+and "epoch", to `state.log_history`, saved as trainer_state.json in each checkpoint; the
+TensorBoard callback writes the same values as `train/<key>` and `eval/<key>` (rewrite_logs)
+at global_step. GRPO's keys (trl/trainer/grpo_trainer.py): reward, reward_std, loss,
+learning_rate, grad_norm, kl, entropy, clip_ratio/region_mean, completions/mean_length,
+frac_reward_zero_std, num_tokens (prompt + completion tokens seen). Evaluation entries carry
+eval_* keys and eval_runtime.
+
+Conversion: rollout step r = ceil(global_step / K), samples = r x P x G; the last logged row
+of each rollout step is kept. train_s: trainer_state.json rows carry train_runtime (seconds
+since training started) only when include_num_input_tokens_seen is on; then train_s =
+train_runtime - evaluation seconds so far. Otherwise the final entry's train_runtime is spread
+uniformly over global steps (an estimate, warned). TensorBoard: event wall time - first event
+(the writer opens at on_train_begin) - evaluation seconds so far (eval/runtime).
+tokens = cumulative completions/mean_length x new samples (num_tokens includes prompts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rlbatch.backends.ingest.common import (
+    FrameworkConfig,
+    Settings,
+    as_float,
+    as_int,
+    extras,
+    load_mapping,
+    map_metrics,
+    merge_steps,
+    num,
+    read_tensorboard,
+    tb_step_records,
+)
+from rlbatch.backends.ingest.writer import Converted
+from rlbatch.core.errors import ConfigError, DataError
+
+PER_DEVICE, ACCUM = "per_device_train_batch_size", "gradient_accumulation_steps"
+GENS = "num_generations"
+STEPS_PER_GEN, GEN_BATCH, ITERS = "steps_per_generation", "generation_batch_size", "num_iterations"
+LR, WARMUP, WARMUP_RATIO, MAX_STEPS, SEED = ("learning_rate", "warmup_steps", "warmup_ratio",
+                                             "max_steps", "seed")
+# defaults: transformers TrainingArguments / trl GRPOConfig
+DEFAULTS = {PER_DEVICE: 8, ACCUM: 1, GENS: 8, ITERS: 1, LR: 1e-6, SEED: 42}
+
+STEP_METRICS = {
+    "reward/mean": ("reward",),
+    "actor/loss": ("loss",),
+    "actor/lr": ("learning_rate",),
+    "actor/grad_norm": ("grad_norm",),
+    "actor/kl": ("kl",),
+    "actor/entropy": ("entropy",),
+    "actor/clip_frac": ("clip_ratio/region_mean",),
+    "response/mean_length": ("completions/mean_length",),
+    "adv/zero_std_groups": ("frac_reward_zero_std",),
+}
+CLOCK_KEYS = ("step", "epoch", "train_runtime", "train_tokens_per_second")
+
+
+def read_config(path: Path, num_processes: int = 1) -> FrameworkConfig:
+    data = load_mapping(path)
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping of GRPOConfig fields", where=str(path))
+    s = Settings({k: (v, str(path)) for k, v in data.items()}, DEFAULTS, str(path))
+    pd, accum, g = s.get(PER_DEVICE, as_int), s.get(ACCUM, as_int), s.get(GENS, as_int)
+    iters, per_step = s.get(ITERS, as_int), pd * num_processes
+    spg, gen_batch = s.get(STEPS_PER_GEN, as_int), s.get(GEN_BATCH, as_int)
+    if spg is None:
+        spg = gen_batch // per_step if gen_batch is not None else accum
+    b = per_step * spg
+    if b % g:
+        raise ConfigError(f"generation batch {b} completions ({PER_DEVICE} {pd} x {num_processes} "
+                          f"processes x {STEPS_PER_GEN} {spg}) is not a multiple of {GENS} {g}",
+                          where=str(path))
+    warmup, ratio = s.get(WARMUP, as_float), s.get(WARMUP_RATIO, as_float)
+    if warmup is not None and 0 < warmup < 1:
+        warmup, ratio = None, warmup
+    max_steps = s.get(MAX_STEPS, as_int)
+    k = spg * iters / accum
+    extra = {PER_DEVICE: pd, "num_processes": num_processes, ACCUM: accum, STEPS_PER_GEN: spg,
+             ITERS: iters, "optimizer_steps_per_generation": int(k) if k == int(k) else k}
+    return FrameworkConfig(
+        framework="trl", prompts_per_step=b // g, samples_per_prompt=g, lr=s.get(LR, as_float),
+        mini_batch_prompts=max(1, per_step * accum // g), epochs_per_step=iters,
+        warmup_steps=int(warmup) if warmup else None, warmup_ratio=ratio,
+        total_steps=max_steps if max_steps and max_steps > 0 else None, algorithm="grpo",
+        seed=s.get(SEED, as_int), extra=extra, settings=s.used, notes=tuple(s.notes),
+        source=str(path))
+
+
+# ---------------------------------------------------------------- trainer_state.json
+def _log_history(path: Path) -> list:
+    try:
+        state = json.loads(path.read_text())
+    except ValueError as exc:
+        line = getattr(exc, "lineno", None)
+        raise DataError(f"invalid JSON ({exc.__class__.__name__})",
+                        where=f"{path}:{line}" if line else str(path)) from None
+    history = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(history, list):
+        raise DataError("no log_history list (expected a transformers trainer_state.json)",
+                        where=str(path))
+    for i, entry in enumerate(history):
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise DataError(f"log_history[{i}] has no integer 'step'", where=str(path))
+    return history
+
+
+def _json_clock(history: list, warnings: list, path: Path) -> dict:
+    """global_step -> training seconds (evaluation excluded) for every training entry."""
+    final = next((e for e in history if "train_loss" in e and "train_runtime" in e), None)
+    eval_s, clock, per_row = 0.0, {}, True
+    for e in history:
+        if any(k.startswith("eval_") for k in e):
+            eval_s += num(e.get("eval_runtime")) or 0.0
+        elif e is not final:
+            rt = num(e.get("train_runtime"))
+            per_row = per_row and rt is not None
+            clock[e["step"]] = None if rt is None else rt - eval_s
+    if per_row and clock:
+        return clock
+    if final is None or not history:
+        warnings.append(f"{path}: no train_runtime anywhere; train_s left out")
+        return {}
+    last = max(e["step"] for e in history) or 1
+    total = num(final["train_runtime"]) - eval_s
+    warnings.append(f"{path}: rows carry no clock (include_num_input_tokens_seen off); train_s "
+                    f"spreads the final train_runtime uniformly over steps (an estimate)")
+    return {s: total * s / last for s in clock}
+
+
+def _from_json(path: Path, warnings: list) -> tuple[list, list]:
+    """([(global_step, data, train_s)], [(global_step, eval data)])."""
+    history = _log_history(path)
+    clock = _json_clock(history, warnings, path)
+    train, evals = [], []
+    for e in history:
+        if any(k.startswith("eval_") for k in e):
+            evals.append((e["step"], {f"eval/{k[5:]}": v for k, v in e.items()
+                                      if k.startswith("eval_")}))
+        elif "train_loss" not in e:
+            train.append((e["step"], e, clock.get(e["step"])))
+    return train, evals
+
+
+def _from_tensorboard(path: Path, tb) -> tuple[list, list]:
+    evals = [(s, d) for s, d, _ in tb_step_records(tb, {"eval/": "eval/"})]
+    eval_runtime = {s: num(d.get("eval/runtime")) or 0.0 for s, d in evals}
+    train = []
+    for step, data, wall in tb_step_records(tb, {"train/": ""}):
+        done = sum(v for s, v in eval_runtime.items() if s < step)
+        train.append((step, data, wall - tb.origin - done))
+    return train, evals
+
+
+# ---------------------------------------------------------------- conversion
+def _rows(train: list, batch: tuple, k: float, reward_key: str | None, warnings: list,
+          where: str) -> list:
+    """One row per rollout step (the last logged entry of each), in run-log form."""
+    p, b = batch
+    merged, w = merge_steps([(math.ceil(gs / k), {**d, "__global_step": gs, "__train_s": t})
+                             for gs, d, t in train], where)
+    warnings.extend(w)
+    metrics = dict(STEP_METRICS)
+    if reward_key:
+        metrics["reward/mean"] = (reward_key,)
+    rows, tokens, prev = [], 0, 0
+    for r, data in merged:
+        used = {"__global_step", "__train_s", *CLOCK_KEYS}
+        row = {"step": r, "samples": r * b, "prompts": r * p}
+        mean_len = num(data.get("completions/mean_length"))
+        new = r * b - prev
+        tokens = None if tokens is None or mean_len is None else tokens + round(mean_len * new)
+        prev = r * b
+        if tokens is not None:
+            row["tokens"] = tokens
+        if data["__train_s"] is not None:
+            row["train_s"] = data["__train_s"]
+        row.update(map_metrics(data, metrics, used))
+        row["time/critic_update"] = 0.0  # GRPO: no critic
+        row["trl/global_step"] = data["__global_step"]
+        row.update(extras(data, used, "trl"))
+        rows.append(row)
+    if tokens is None:
+        for row in rows:
+            row.pop("tokens", None)
+    return rows
+
+
+def convert(path: Path, res) -> Converted:
+    from rlbatch.backends.ingest import build_config, max_logged
+
+    p, g = res.require_batch("its logs count optimizer steps, not samples")
+    k = res.updates_per_step or 1
+    state = path / "trainer_state.json" if path.is_dir() else path
+    warnings: list = []
+    if state.suffix == ".json" and state.is_file():
+        sources, truncated = [state], False
+        train, evals = _from_json(state, warnings)
+    else:
+        tb = read_tensorboard(path)
+        sources, truncated = list(tb.files), tb.truncated
+        warnings.extend(tb.warnings)
+        train, evals = _from_tensorboard(path, tb)
+    steps = _rows(train, (p, p * g), k, res.reward_key, warnings, str(path))
+    clock = [(r["trl/global_step"], r.get("train_s")) for r in steps]
+    eval_rows = []
+    for gs, data in evals:
+        t = max((c for s, c in clock if s <= gs and c is not None), default=0.0)
+        r = math.ceil(gs / k)
+        eval_rows.append({"step": r, "samples": r * p * g, "train_s": t,
+                          **{key: num(v) for key, v in data.items()}})
+    config = build_config(res, res.algorithm or "grpo", max_logged(steps, "actor/lr"), warnings)
+    extra = {"eval_s": sum(num(d.get("eval/runtime")) or 0.0 for _, d in evals),
+             "optimizer_steps_per_rollout_step": k}
+    return Converted("trl", sources, steps, eval_rows, config, res.seed, warnings, truncated,
+                     extra)

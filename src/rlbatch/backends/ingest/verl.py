@@ -1,0 +1,257 @@
+"""verl: the file logger's JSON lines -> run log; a verl config -> `FrameworkConfig`.
+
+Log format (verl/utils/tracking.py `FileLogger.log`): one line per `Tracking.log` call,
+`{"step": N, "data": {...}}`, written to `$VERL_FILE_LOGGER_PATH` (or
+`$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`). The trainer logs one line per
+training step (timing_s/*, critic/*, actor/*, response_length/* ... and, on test_freq steps,
+the validation metrics val-core/*, val-aux/*; older versions val/*), plus one line at the
+starting step holding only the validation before training (verl/trainer/ppo/ray_trainer.py).
+
+There is no wall clock and no batch size in the log, so:
+  samples = step x P x G, prompts = step x P (P = data.train_batch_size prompts,
+  G = actor_rollout_ref.rollout.n), train_s = cumulative sum of timing_s/step,
+  tokens = cumulative sum of response_length/mean x P x G (the mean is over the whole batch).
+Deviation: in verl versions whose `step` timer encloses validation and checkpointing, train_s
+includes them (rlbatch excludes them); a warning counts the rows where that looks likely.
+Phases: time/rollout = timing_s/gen, time/reward = timing_s/reward, time/actor_update =
+timing_s/update_actor, time/critic_update = timing_s/update_critic + timing_s/values,
+time/reference = timing_s/ref, time/other = timing_s/step minus those.
+
+Config (docs/examples/config.rst; verl/workers/fsdp_workers.py): data.train_batch_size is in
+prompts; actor_rollout_ref.actor.ppo_mini_batch_size is in prompts and multiplied by
+rollout.n inside the worker; the actor's LR scheduler steps once per `update_actor` call,
+i.e. once per rollout step, so optim.lr_warmup_steps counts rollout steps.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rlbatch.backends.ingest.common import (
+    FrameworkConfig,
+    Settings,
+    as_float,
+    as_int,
+    extras,
+    load_mapping,
+    map_metrics,
+    merge_steps,
+    num,
+    read_records,
+    shell_tokens,
+)
+from rlbatch.backends.ingest.writer import Converted
+from rlbatch.core.errors import ConfigError, DataError
+
+TRAIN_BATCH = "data.train_batch_size"
+ROLLOUT_N = "actor_rollout_ref.rollout.n"
+MINI = "actor_rollout_ref.actor.ppo_mini_batch_size"
+MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+EPOCHS = "actor_rollout_ref.actor.ppo_epochs"
+LR = "actor_rollout_ref.actor.optim.lr"
+WARMUP = "actor_rollout_ref.actor.optim.lr_warmup_steps"
+WARMUP_RATIO = "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio"
+CRITIC_LR = "critic.optim.lr"
+CRITIC_MINI = "critic.ppo_mini_batch_size"
+TOTAL = "trainer.total_training_steps"
+ADV = "algorithm.adv_estimator"
+GPUS, NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
+# defaults of verl's ppo_trainer.yaml as documented in docs/examples/config.rst
+DEFAULTS = {TRAIN_BATCH: 1024, ROLLOUT_N: 1, MINI: 256, EPOCHS: 1, LR: 1e-6, ADV: "gae"}
+
+STEP_METRICS = {
+    "reward/mean": ("critic/score/mean",),
+    "actor/lr": ("actor/lr",),
+    "actor/grad_norm": ("actor/grad_norm",),
+    "actor/loss": ("actor/pg_loss",),
+    "actor/clip_frac": ("actor/pg_clipfrac",),
+    "actor/entropy": ("actor/entropy",),
+    "critic/loss": ("critic/vf_loss",),
+    "critic/lr": ("critic/lr",),
+    "critic/grad_norm": ("critic/grad_norm",),
+    "critic/value_mean": ("critic/values/mean",),
+    "response/mean_length": ("response_length/mean",),
+}
+PHASES = {"time/rollout": ("timing_s/gen",), "time/reward": ("timing_s/reward",),
+          "time/actor_update": ("timing_s/update_actor",), "time/reference": ("timing_s/ref",)}
+CRITIC_PHASES = ("timing_s/update_critic", "timing_s/values")
+EVAL_PREFIXES = (("val-core/", "eval/"), ("val-aux/", "eval/aux/"), ("val/", "eval/"))
+_REF = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
+
+
+# ---------------------------------------------------------------- config
+def read_settings(path: Path) -> dict:
+    """dotted name -> (value, where) from a YAML/JSON config (nested or a Hydra overrides
+    list such as .hydra/overrides.yaml) or from `key=value` words of a launch script."""
+    if path.suffix.lower() in (".yaml", ".yml", ".json"):
+        data = load_mapping(path)
+        if isinstance(data, list):
+            return _overrides([(str(x), str(path)) for x in data])
+        if not isinstance(data, dict):
+            raise ConfigError("expected a mapping or a list of overrides", where=str(path))
+        flat: dict = {}
+        _flatten(data, "", flat, str(path))
+        return flat
+    return _overrides([(w, f"{path}:{line}") for w, line in shell_tokens(path)])
+
+
+def _overrides(items: list) -> dict:
+    out = {}
+    for word, where in items:
+        key, eq, value = word.partition("=")
+        key = key.lstrip("+~")
+        if eq and "." in key and re.match(r"^[A-Za-z_][\w.]*$", key):
+            out[key] = (value, where)
+    return out
+
+
+def _flatten(d: dict, prefix: str, out: dict, where: str) -> None:
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            _flatten(v, f"{name}.", out, where)
+        else:
+            out[name] = (v, where)
+
+
+def _deref(values: dict) -> dict:
+    """Resolve one level of `${other.key}` interpolation between settings."""
+    out = dict(values)
+    for name, (value, where) in values.items():
+        m = _REF.match(value) if isinstance(value, str) else None
+        if m and m.group(1) in values:
+            out[name] = (values[m.group(1)][0], where)
+    return out
+
+
+def read_config(path: Path) -> FrameworkConfig:
+    s = Settings(_deref(read_settings(path)), DEFAULTS, str(path))
+    prompts, n = s.get(TRAIN_BATCH, as_int), s.get(ROLLOUT_N, as_int)
+    mini, epochs, lr = s.get(MINI, as_int), s.get(EPOCHS, as_int), s.get(LR, as_float)
+    if mini > prompts:
+        s.notes.append(f"{MINI}={mini} exceeds {TRAIN_BATCH}={prompts}: one update per step")
+        mini = prompts
+    adv = str(s.get(ADV))
+    algorithm = "ppo" if adv == "gae" else "grpo" if adv == "grpo" else adv
+    warmup = s.get(WARMUP, as_int)
+    gpus, nodes = s.get(GPUS, as_int), s.get(NODES, as_int)
+    extra = {"ppo_micro_batch_size_per_gpu": s.get(MICRO, as_int),
+             "n_gpus": gpus * nodes if gpus and nodes else None}
+    critic_lr = s.get(CRITIC_LR, as_float) if algorithm == "ppo" else None
+    critic_mini = s.get(CRITIC_MINI, as_int) if algorithm == "ppo" else None
+    total = s.get(TOTAL, as_int)
+    return FrameworkConfig(
+        framework="verl", prompts_per_step=prompts, samples_per_prompt=n, lr=lr,
+        critic_lr=critic_lr, mini_batch_prompts=mini, critic_mini_batch_prompts=critic_mini,
+        epochs_per_step=epochs,
+        warmup_steps=warmup if warmup is not None and warmup >= 0 else None,
+        warmup_ratio=s.get(WARMUP_RATIO, as_float),
+        total_steps=total if total is not None and total > 0 else None,
+        algorithm=algorithm, extra=extra, settings=s.used, notes=tuple(s.notes),
+        source=str(path))
+
+
+# ---------------------------------------------------------------- log
+def _items(path: Path) -> tuple[list, list, bool]:
+    records, warnings, truncated = read_records(path)
+    items = []
+    for line, obj in records:
+        step, data = obj.get("step"), obj.get("data")
+        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
+            raise DataError('expected {"step": <int>, "data": {...}} (verl file logger)',
+                            where=f"{path}:{line}")
+        items.append((step, data))
+    merged, w = merge_steps(items, str(path))
+    return merged, warnings + w, truncated
+
+
+def _eval_metrics(data: dict) -> dict:
+    out = {}
+    for k, v in data.items():
+        for prefix, repl in EVAL_PREFIXES:
+            if k.startswith(prefix) and (v is None or isinstance(v, (int, float))):
+                out[repl + k[len(prefix):]] = num(v)
+                break
+    return out
+
+
+def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
+              reward_key: str | None, where: str) -> dict:
+    p, b = batch
+    dt = num(data["timing_s/step"])
+    if dt is None:
+        raise DataError(f"step {step}: timing_s/step is not a finite number", where=where)
+    state["train_s"] += dt
+    row = {"step": step, "samples": step * b, "prompts": step * p}
+    used = {"timing_s/step", *CRITIC_PHASES}
+    used.update(k for k in data if k.startswith(("val-core/", "val-aux/", "val/")))
+    mean_len = num(data.get("response_length/mean"))
+    if state["tokens"] is not None and mean_len is not None:
+        state["tokens"] += round(mean_len * b)
+        row["tokens"] = state["tokens"]
+    else:
+        state["tokens"] = None
+    row["train_s"] = state["train_s"]
+    row.update(map_metrics(data, PHASES, used))
+    critic = [num(data[k]) or 0.0 for k in CRITIC_PHASES if k in data]
+    if critic or algorithm == "grpo":
+        row["time/critic_update"] = float(sum(critic))
+    named = sum(row.get(k) or 0.0 for k in (*PHASES, "time/critic_update"))
+    row["time/other"] = dt - named
+    metrics = dict(STEP_METRICS)
+    if reward_key:
+        metrics["reward/mean"] = (reward_key,)
+    row.update(map_metrics(data, metrics, used))
+    if "tokens" in row and row.get("time/rollout"):
+        row["rollout/tokens_per_s"] = round(mean_len * b) / row["time/rollout"]
+    row.update(extras(data, used, "verl"))
+    return row
+
+
+def convert(path: Path, res) -> Converted:
+    from rlbatch.backends.ingest import build_config, max_logged
+
+    p, g = res.require_batch("the file logger records neither batch size nor wall clock "
+                             "(samples = step x prompts x samples per prompt)")
+    merged, warnings, truncated = _items(path)
+    algorithm = res.algorithm or (
+        "ppo" if any("critic/vf_loss" in d for _, d in merged) else "grpo")
+    state = {"train_s": 0.0, "tokens": 0}
+    steps, evals = [], []
+    eval_s = ckpt_s = 0.0
+    enclosed = 0
+    for step, data in merged:
+        if "timing_s/step" in data:
+            row = _step_row(step, data, (p, p * g), algorithm, state, res.reward_key, str(path))
+            steps.append(row)
+            test, ckpt = num(data.get("timing_s/testing")) or 0.0, \
+                num(data.get("timing_s/save_checkpoint")) or 0.0
+            eval_s, ckpt_s = eval_s + test, ckpt_s + ckpt
+            untimed = row["time/other"] - sum(num(data.get(f"timing_s/{k}")) or 0.0
+                                              for k in ("old_log_prob", "adv"))
+            if test and untimed >= test:
+                enclosed += 1
+        ev = _eval_metrics(data)
+        if ev:
+            evals.append({"step": step, "samples": step * p * g, "train_s": state["train_s"], **ev})
+    if state["tokens"] is None:
+        for r in steps:
+            r.pop("tokens", None)
+        warnings.append(f"{path}: response_length/mean missing on some steps; tokens left out")
+    if enclosed:
+        warnings.append(f"{path}: on {enclosed} step(s) timing_s/step looks like it includes "
+                        f"timing_s/testing (validation inside the step timer); train_s "
+                        f"includes that evaluation time")
+    warnings_out = list(warnings)
+    config = build_config(res, algorithm, max_logged(steps, "actor/lr"), warnings_out)
+    extra = {"eval_s": eval_s, "checkpoint_s": ckpt_s,
+             "train_s_source": "cumulative sum of timing_s/step"}
+    if steps:
+        extra["first_step_s"] = num(merged_first(merged, "timing_s/step"))
+    return Converted("verl", [path], steps, evals, config, res.seed, warnings_out, truncated,
+                     extra)
+
+
+def merged_first(merged: list, key: str):
+    return next((d[key] for _, d in merged if key in d), None)

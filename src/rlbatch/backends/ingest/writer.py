@@ -1,0 +1,166 @@
+"""Write a converted framework log as an rlbatch run directory (DESIGN.md "The run log").
+
+The run is assembled in a temporary sibling directory and renamed into place in one step, so
+an error at any point leaves nothing half-written; `--force` replaces an existing run the
+same way (old directory moved aside, new one renamed in, old one deleted).
+
+Deviation from `core.runlog.RunWriter`: an ingested row carries only what the framework
+measured, so required step keys the framework cannot measure (e.g. phase timers from
+TensorBoard logs) are left out instead of being invented ("a key a trainer cannot measure
+is left out", docs/metrics.md). config.yaml holds only what identifies the configuration
+(no source path), so seeds of one configuration group together in `rlbatch analyze`; the
+source files and their hashes go to manifest.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rlbatch.core.errors import DataError, UserError
+from rlbatch.core.runlog import EVAL_REQUIRED, build_manifest, stable_hash
+
+COUNTERS = ("step", "samples", "prompts", "tokens", "train_s")
+
+
+@dataclass
+class Converted:
+    """A framework log in run-log form, ready to write."""
+
+    framework: str
+    sources: list
+    steps: list
+    evals: list
+    config: dict
+    seed: int | None = None
+    warnings: list = field(default_factory=list)
+    truncated: bool = False
+    summary_extra: dict = field(default_factory=dict)
+
+
+def _finite(row: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in row.items()}
+
+
+def _check(conv: Converted) -> None:
+    """Counters present and non-decreasing; evaluation rows complete."""
+    if not conv.steps and not conv.evals:
+        raise DataError("no training steps or evaluations found", where=str(conv.sources[0]))
+    prev = None
+    for row in conv.steps:
+        for key in ("step", "samples"):
+            if not isinstance(row.get(key), (int, float)):
+                raise DataError(f"converted step row lacks '{key}'", where=str(conv.sources[0]))
+        if prev is not None and row["samples"] < prev:
+            raise DataError(f"samples decrease at step {row['step']}", where=str(conv.sources[0]))
+        prev = row["samples"]
+    for row in conv.evals:
+        missing = [k for k in EVAL_REQUIRED if row.get(k) is None]
+        if missing:
+            raise DataError(f"evaluation at step {row.get('step')} lacks {missing}",
+                            where=str(conv.sources[0]))
+
+
+def _digest(paths: list) -> dict:
+    out = {}
+    for p in paths:
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        out[str(p)] = h.hexdigest()
+    return out
+
+
+def run_id_for(conv: Converted, digests: dict) -> str:
+    """Readable prefix + hash of the configuration, seed and source contents."""
+    batch = conv.config.get("batch", {})
+    lr = conv.config.get("derived", {}).get("actor_lr")
+    prefix = f"{conv.config.get('algorithm', 'run')}-P{batch.get('prompts_per_step', 'na')}" \
+             f"xG{batch.get('samples_per_prompt', 'na')}"
+    if lr is not None:
+        prefix += f"-lr{lr:.3g}"
+    seed = "na" if conv.seed is None else conv.seed
+    body = [conv.config, conv.seed, sorted(digests.values())]
+    return f"{prefix}-s{seed}-{conv.framework}-{stable_hash(body, 8)}"
+
+
+def build_summary(conv: Converted) -> dict:
+    """summary.json of an ingested run: final counters, throughput, last evaluation."""
+    last = conv.steps[-1] if conv.steps else {}
+    summary = {
+        # an ingested log says nothing of why it ended: 'running' when its last line was cut
+        # (still being written, or killed), otherwise it ran to its own end
+        "status": "running" if conv.truncated else "budget_exhausted",
+        **{k: last.get(k) for k in COUNTERS if k in last},
+    }
+    if "step" in summary:
+        summary["steps"] = summary.pop("step")
+    train_s, samples = last.get("train_s"), last.get("samples")
+    if isinstance(train_s, (int, float)) and train_s > 0 and isinstance(samples, (int, float)):
+        summary["throughput"] = samples / train_s
+    summary.update(conv.summary_extra)
+    summary["last_eval"] = conv.evals[-1] if conv.evals else None
+    summary["ingest"] = {"framework": conv.framework, "step_rows": len(conv.steps),
+                         "eval_rows": len(conv.evals), "warnings": list(conv.warnings)}
+    return _finite(summary)
+
+
+def _jsonl(rows: list) -> str:
+    return "".join(json.dumps(_finite(r)) + "\n" for r in rows)
+
+
+def _write_files(tmp: Path, conv: Converted, manifest: dict, summary: dict) -> None:
+    for name, text in (
+        ("steps.jsonl", _jsonl(conv.steps)),
+        ("evals.jsonl", _jsonl(conv.evals)),
+        ("config.yaml", yaml.safe_dump(conv.config, sort_keys=False)),
+        ("manifest.json", json.dumps(manifest, indent=2) + "\n"),
+        ("summary.json", json.dumps(summary, indent=2) + "\n"),
+    ):
+        with open(tmp / name, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def write_run(out_dir: str | Path, conv: Converted, force: bool = False) -> dict:
+    """Write `conv` to `out_dir` atomically; return the summary written."""
+    _check(conv)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise UserError("output directory exists and is not empty; pass --force to replace it",
+                        where=str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    digests = _digest(conv.sources)
+    run_id = run_id_for(conv, digests)
+    manifest = build_manifest(run_id, f"ingest:{conv.framework}", conv.seed, extra={
+        "algorithm": conv.config.get("algorithm"),
+        "sources": [str(p) for p in conv.sources], "source_sha256": digests,
+    })
+    summary = build_summary(conv)
+    tmp = out.parent / f".{out.name}.ingest-{os.getpid()}"
+    old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write_files(tmp, conv, manifest, summary)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except OSError as exc:
+        if old.exists() and not out.exists():
+            os.replace(old, out)
+        raise UserError(f"cannot write the run ({exc.strerror or exc})", where=str(out)) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename succeeded
+    shutil.rmtree(old, ignore_errors=True)
+    return {**summary, "run_id": run_id, "run_dir": str(out)}
