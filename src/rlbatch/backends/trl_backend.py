@@ -39,8 +39,9 @@ Deviations from the built-in trainer (stated, not hidden):
   factor that Adam's normalization nearly cancels.
 - Generation is one `model.generate` over all B sequences (`rollout.generation_concurrency`
   and `rollout.engine` do not apply to TRL's rollout; evaluation uses `rollout.engine`, or `hf`
-  when it is `vllm`). The old log-probabilities of the ratio are the current policy's, detached
-  (TRL skips that forward when generation and update are aligned), as in the built-in trainer.
+  when it is `vllm`). With one update per step the old log-probabilities of the ratio are
+  the current policy's, detached (no extra forward, like the built-in trainer, which takes
+  the engine's); with several, TRL recomputes them in one extra forward (in `time/other`).
 - HF's `Trainer` never skips an update; here a callback drops the gradients of an update whose
   gradient norm is non-finite (counted in `actor/nonfinite_skipped`), and
   `nonfinite.max_consecutive` such steps in a row end the run as `diverged`.
@@ -55,35 +56,40 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from rlbatch.backends.builtin.runstate import RunState, _versions
+from rlbatch.backends.builtin.runstate import RunState, open_run
 from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError
-from rlbatch.core.runlog import (
-    RunWriter,
-    _read_json,
-    atomic_write_json,
-    build_manifest,
-    make_run_id,
-)
+from rlbatch.core.runlog import _read_json, atomic_write_json
 
 Callback = Callable[[str, dict], None]
-TERMINAL = ("target_reached", "budget_exhausted", "diverged", "failed")
 COUNTERS = "counters.json"
 # transformers 5.x deprecates the `gradient_checkpointing` names TRL still uses (noise only)
 _DEPRECATION = r"`(is_)?gradient_checkpointing` is deprecated"
 
 
-def _require_trl():
+# GRPOTrainer methods the phase timing wraps (private API; written against TRL 1.16)
+WRAPPED = ("training_step", "_prepare_inputs", "_generate_and_score_completions", "_generate",
+           "_tokenize_prompts", "_generate_single_turn", "_calculate_rewards",
+           "_get_per_token_logps_and_entropies")
+
+
+def _require_trl() -> None:
+    """TRL importable and shaped as the timing expects, else a one-line ConfigError."""
     try:
         import trl
+        from trl import GRPOTrainer
     except ImportError:
         raise ConfigError("backend: 'trl' needs TRL installed: pip install 'rlbatch[trl]'") from None
-    return trl
+    missing = [m for m in WRAPPED if not hasattr(GRPOTrainer, m)]
+    if missing:
+        raise ConfigError(f"backend: TRL {trl.__version__} lacks GRPOTrainer.{missing[0]} "
+                          "(the trl backend is written against TRL 1.16)")
 
 
 def check_trl_config(cfg: Config) -> None:
@@ -102,34 +108,16 @@ def rollout_steps(cfg: Config) -> int:
 # ---------------------------------------------------------------- run directory
 
 def open_trl_run(cfg: Config, *, resume: bool, fresh: bool) -> RunState:
-    """As the built-in `open_run`, with `backend: trl` in the manifest."""
-    import shutil
-
-    resolved = cfg.resolved_dict()
-    run_id = make_run_id(resolved, cfg.seed)
-    run_dir = Path(cfg.output_dir) / run_id
-    exists = (run_dir / "config.yaml").exists()
-    if exists and fresh:
-        shutil.rmtree(run_dir)
-        exists = False
-    if exists:
-        status = _read_json(run_dir / "summary.json").get("status")
-        if status in TERMINAL:
-            return RunState(cfg, run_dir, resuming=False, finished=True)
-        if not resume:
-            raise ConfigError(
-                f"run directory {run_dir} holds an interrupted run: pass --resume to continue "
-                "it or --fresh to start over")
-        return RunState(cfg, run_dir, resuming=True, finished=False)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """The built-in `open_run` (same ids, refusal and resume rules); a new run's manifest
+    says `backend: trl` and records the TRL version."""
     import trl
 
-    w = RunWriter(run_dir)
-    w.write_config(resolved)
-    w.write_manifest(build_manifest(run_id, "trl", cfg.seed,
-                                    {**_versions(cfg), "trl": trl.__version__}))
-    w.close()
-    return RunState(cfg, run_dir, resuming=False, finished=False)
+    st = open_run(cfg, resume=resume, fresh=fresh)
+    if not st.resuming and not st.finished:
+        path = st.dir / "manifest.json"
+        manifest = {**_read_json(path), "backend": "trl", "trl": trl.__version__}
+        atomic_write_json(path, manifest)
+    return st
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -186,6 +174,7 @@ def grpo_args(cfg: Config, output_dir: Path, device: str):
         logging_steps=1,
         logging_nan_inf_filter=False,
         save_strategy="no",  # checkpoints are requested by the run-log callback
+        save_total_limit=2,  # the newest complete one survives a kill during the next save
         save_only_model=False,
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -353,7 +342,6 @@ def _make_callback_class():
             self.skipped = 0
 
         def on_train_begin(self, args, state, control, **kw):
-            self.run.maybe_eval_at_start()
             self.mark = time.perf_counter()
 
         def on_pre_optimizer_step(self, args, state, control, **kw):
@@ -422,6 +410,10 @@ class TRLRun:
         self.cfg = cfg
         self.cb = callback or (lambda kind, row: None)
         self.device = pick_device(cfg.device)
+        if os.environ.get("RLBATCH_THREADS"):  # set by rlbatch profile's executors (as built-in)
+            import torch
+
+            torch.set_num_threads(int(os.environ["RLBATCH_THREADS"]))
         self.task = build_task(cfg.task)
         self.model_path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits,
                                              build_progress)
@@ -475,20 +467,17 @@ class TRLRun:
         st = self.state
         if st.finished:
             return st.summary
-        if st.status != "running":  # resumed from the final checkpoint of a finished run
+        if st.c["step"] == 0 and self.cfg.eval.at_start and not st.c["evals_done"]:
+            self.evaluate()
+        if st.status != "running":  # target reached at the start, or a final checkpoint
             return st.finish()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", _DEPRECATION, FutureWarning)
             self.trainer.train(resume_from_checkpoint=str(self.checkpoint) if self.checkpoint
                                else None)
-        if st.status == "running":  # HF stopped at max_steps before the status said so
-            st.c["status"] = "target_reached" if st.c["target"] else "budget_exhausted"
+        if st.status == "running":  # HF stopped before the budget: should not happen
+            st.c["status"] = "failed"
         return st.finish()
-
-    def maybe_eval_at_start(self) -> None:
-        st = self.state
-        if st.c["step"] == 0 and self.cfg.eval.at_start and not st.c["evals_done"]:
-            self.evaluate()
 
     def end_step(self, logs: list[dict], wall: float, skipped: int, control) -> None:
         """Write one steps.jsonl row, evaluate at due marks, update the status."""

@@ -22,6 +22,13 @@ from pathlib import Path
 from rlbatch.core.errors import ConfigError
 
 
+def trial_env(workers: int) -> dict:
+    """Environment of a trial process: unbuffered output, and the machine's cores split
+    between concurrent trials (oversubscribed intra-op threads slow every trial down)."""
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    return dict(os.environ, PYTHONUNBUFFERED="1", RLBATCH_THREADS=str(threads))
+
+
 def trial_command(config_path: Path) -> list[str]:
     return [sys.executable, "-m", "rlbatch.cli.main", "train", str(config_path), "--resume",
             "--json"]
@@ -45,7 +52,7 @@ class LocalExecutor:
         return self.workers - len(self._running)
 
     def submit(self, name: str, config_path: Path, log_path: Path) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = trial_env(self.workers)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(trial_command(config_path), stdout=log, stderr=log, env=env,
                                     stdin=subprocess.DEVNULL)
@@ -71,8 +78,8 @@ class LocalExecutor:
         self._running.clear()
 
 
-def _run_trial_command(cmd: list[str], log_path: str) -> int:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _run_trial_command(cmd: list[str], log_path: str, threads: int) -> int:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RLBATCH_THREADS=str(threads))
     with open(log_path, "ab") as log:
         return subprocess.run(cmd, stdout=log, stderr=log, env=env,
                               stdin=subprocess.DEVNULL).returncode
@@ -95,6 +102,7 @@ class RayExecutor:
                 ray.init(num_cpus=max(1, workers * int(num_cpus or 1)), log_to_driver=False,
                          include_dashboard=False)
         self.workers = workers
+        self.num_cpus = num_cpus
         self._task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_run_trial_command)
         self._running: dict[str, tuple[object, Path]] = {}
 
@@ -102,7 +110,8 @@ class RayExecutor:
         return self.workers - len(self._running)
 
     def submit(self, name: str, config_path: Path, log_path: Path) -> None:
-        ref = self._task.remote(trial_command(config_path), str(log_path))
+        threads = max(1, int(self.num_cpus))
+        ref = self._task.remote(trial_command(config_path), str(log_path), threads)
         self._running[name] = (ref, log_path)
 
     def poll(self) -> list[Finished]:

@@ -21,6 +21,7 @@ with status `diverged`.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -62,6 +63,8 @@ class Trainer:
         self.cfg = cfg
         self.cb = callback or (lambda kind, row: None)
         self.device = pick_device(cfg.device)
+        if os.environ.get("RLBATCH_THREADS"):  # set by rlbatch profile's executors
+            torch.set_num_threads(int(os.environ["RLBATCH_THREADS"]))
         torch.manual_seed(cfg.seed)
         self.task = build_task(cfg.task)  # validates dataset files before anything is written
         path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits, build_progress)
