@@ -16,10 +16,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,trl,ray]'
 	touch $(STAMP)
 
+# The main job on the built-in default: the profile procedure on the tiny model (~10 min).
 demo: setup
 	$(BIN)/rlbatch model build
-	$(BIN)/rlbatch train --preset grpo-tiny --out runs/demo
-	$(BIN)/rlbatch analyze runs/demo --target eval/accuracy=0.5
+	$(BIN)/rlbatch profile --preset quick --out profiles/quick
 
 test: setup
 	$(BIN)/python -m pytest

@@ -93,3 +93,19 @@ def test_model_build_cli_in_band(task, tmp_path, monkeypatch, capsys):
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert doc["in_band"] and 0.25 <= doc["accuracy"] <= 0.40
     assert doc["build_s"] < 120
+
+
+def test_chat_template_is_applied_when_the_tokenizer_has_one():
+    from rlbatch.rollout.models import encode_prompt
+    from rlbatch.rollout.tasks import Example
+
+    tok = build_tokenizer()
+    plain = encode_prompt(tok, Example("12+34=", "46"))
+    assert plain == tok("12+34=")["input_ids"]
+    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}={% endfor %}"
+                         "{% if add_generation_prompt %}rev:{% endif %}")
+    templated = encode_prompt(tok, Example("12+34", "46"))
+    assert tok.decode(templated, skip_special_tokens=True) == "12+34=rev:"
+    messages = [{"role": "user", "content": "9"}, {"role": "user", "content": "8"}]
+    from_messages = encode_prompt(tok, Example("ignored", "1", meta={"messages": messages}))
+    assert tok.decode(from_messages, skip_special_tokens=True) == "9=8=rev:"

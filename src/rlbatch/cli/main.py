@@ -29,7 +29,7 @@ def _register() -> None:
 
     config_cmds.register(app)
     for name in ("model_cmds", "train_cmds", "decode_cmds", "profile_cmds", "analyze_cmds", "data_cmds",
-                 "plan_cmds", "ingest_cmds"):
+                 "plan_cmds", "ingest_cmds", "report_cmds"):
         try:
             module = __import__(f"rlbatch.cli.{name}", fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -48,6 +48,7 @@ def profile(
     seeds: Optional[int] = typer.Option(None, help="seeds per configuration"),
     concurrency: Optional[str] = typer.Option(None, help="decode sweep values of C"),
     budget_train_s: Optional[float] = typer.Option(None, help="training-seconds cap per trial"),
+    backend: Optional[str] = typer.Option(None, help="trainer for the trials: builtin | trl"),
     executor: str = typer.Option("local", help="local | ray"),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. auto)"),
     workers: Optional[int] = typer.Option(None, help="trials at once (default 1 on 2 cores)"),
@@ -69,6 +70,8 @@ def profile(
         overrides.append(f"profile.seeds={seeds}")
     if workers is not None:
         overrides.append(f"profile.workers={workers}")
+    if backend is not None:
+        overrides.append(f"backend={backend}")
     if budget_train_s is not None:
         overrides.append(f"budget.max_train_s={budget_train_s}")
     if config is None and preset is None:

@@ -202,6 +202,8 @@ class Config(_Strict):
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: str = "runs"
+    trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        [], description="metric sinks of the built-in trainer (x axis: samples); optional packages")
 
     @model_validator(mode="after")
     def _check(self) -> "Config":
@@ -280,6 +282,8 @@ class Config(_Strict):
     def resolved_dict(self) -> dict:
         """Inputs plus `derived:`; what config.yaml holds and `config show` prints."""
         out = self.model_dump(mode="json")
+        if not out["trackers"]:  # sinks, not the experiment: no trackers keeps run ids as before
+            del out["trackers"]
         out["derived"] = self.derived()
         return out
 

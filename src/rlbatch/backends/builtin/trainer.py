@@ -36,6 +36,7 @@ from rlbatch.backends.builtin.batch import build_batch, forward_logprobs
 from rlbatch.backends.builtin.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from rlbatch.backends.builtin.critic import ValueModel
 from rlbatch.backends.builtin.runstate import RunState, open_run
+from rlbatch.backends.builtin.trackers import open_trackers, require_trackers
 from rlbatch.backends.builtin.update import actor_update, critic_update
 from rlbatch.core.config import Config
 from rlbatch.core.timers import PhaseTimer, cuda_sync_or_none
@@ -67,10 +68,12 @@ class Trainer:
             torch.set_num_threads(int(os.environ["RLBATCH_THREADS"]))
         torch.manual_seed(cfg.seed)
         self.task = build_task(cfg.task)  # validates dataset files before anything is written
+        require_trackers(cfg.trackers)
         path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits, build_progress)
         self.state: RunState = open_run(cfg, resume=resume, fresh=fresh)
         if self.state.finished:
             return
+        self.trackers = open_trackers(cfg.trackers, self.state.dir, cfg.resolved_dict())
         self.model, self.tok = load_model_and_tokenizer(path, self.device)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tok)
         self.pad_id = self.engine.pad_id
@@ -126,12 +129,14 @@ class Trainer:
         while st.status == "running":
             row = self._step()
             st.log_step(row)
+            self.trackers.log(row)
             self.cb("step", row)
             while st.c["samples"] >= st.c["next_eval"]:
                 self._evaluate()
             st.update_status(row)
             if st.due_checkpoint() or st.status != "running":
                 self._checkpoint()
+        self.trackers.close()
         return st.finish()
 
     def _step(self) -> dict:
@@ -268,6 +273,7 @@ class Trainer:
                "eval/prompts": len(examples), "eval/k": k,
                "eval/mean_length": float(ro.lengths.float().mean())}
         st.log_eval(row, time.perf_counter() - t0)
+        self.trackers.log(row)
         self.cb("eval", row)
 
     def _checkpoint(self) -> None:

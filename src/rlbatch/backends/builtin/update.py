@@ -79,6 +79,24 @@ def _clip_and_step(params, optimizer, max_norm: float | None) -> tuple[float, bo
     return norm, True
 
 
+def _close_minibatch(probe, noise, micro: int, sequences: int, loss_sum: float, params,
+                     optimizer, max_grad_norm, res: UpdateResult) -> float | None:
+    """Feed the noise-scale estimator, then step unless the loss or gradient is non-finite.
+    Returns the gradient norm, or None when the loss was non-finite (update skipped)."""
+    if probe is not None:
+        small, big = probe.finish()
+        if math.isfinite(small) and math.isfinite(big):
+            noise.update(small, big, micro, sequences)
+        res.noise_s += probe.seconds
+    if not math.isfinite(loss_sum):
+        optimizer.zero_grad(set_to_none=True)
+        res.skipped += 1
+        return None
+    norm, stepped = _clip_and_step(params, optimizer, max_grad_norm)
+    res.skipped += 0 if stepped else 1
+    return norm
+
+
 def actor_update(model, optimizer, batch: SeqBatch, old_logp: torch.Tensor,
                  advantages: torch.Tensor, ref_logp: torch.Tensor | None, *, temperature: float,
                  clip_low: float, clip_high: float, kl_coef: float, minibatches: int,
@@ -110,17 +128,10 @@ def actor_update(model, optimizer, batch: SeqBatch, old_logp: torch.Tensor,
                 clip_sum += float(aggregate(clipped.float(), mask, tokens))
                 if probe is not None:
                     probe.after_micro(float(mask.sum()) / tokens)
-            if probe is not None:
-                small, big = probe.finish()
-                if math.isfinite(small) and math.isfinite(big):
-                    noise.update(small, big, micro, len(idx))
-                res.noise_s += probe.seconds
-            if not math.isfinite(loss_sum):
-                optimizer.zero_grad(set_to_none=True)
-                res.skipped += 1
+            norm = _close_minibatch(probe, noise, micro, len(idx), loss_sum, params, optimizer,
+                                    max_grad_norm, res)
+            if norm is None:
                 continue
-            norm, stepped = _clip_and_step(params, optimizer, max_grad_norm)
-            res.skipped += 0 if stepped else 1
             acc["loss"] += loss_sum
             acc["kl"] += kl_sum
             acc["clip"] += clip_sum
@@ -159,17 +170,10 @@ def critic_update(critic, optimizer, batch: SeqBatch, old_values: torch.Tensor,
                 loss_sum += float(loss.detach())
                 if probe is not None:
                     probe.after_micro(float(b.response_mask.sum()) / tokens)
-            if probe is not None:
-                small, big = probe.finish()
-                if math.isfinite(small) and math.isfinite(big):
-                    noise.update(small, big, micro, len(idx))
-                res.noise_s += probe.seconds
-            if not math.isfinite(loss_sum):
-                optimizer.zero_grad(set_to_none=True)
-                res.skipped += 1
+            norm = _close_minibatch(probe, noise, micro, len(idx), loss_sum, params, optimizer,
+                                    max_grad_norm, res)
+            if norm is None:
                 continue
-            norm, stepped = _clip_and_step(params, optimizer, max_grad_norm)
-            res.skipped += 0 if stepped else 1
             tot_loss += loss_sum
             tot_norm += norm
             steps += 1

@@ -1,0 +1,432 @@
+"""Figure data for `rlbatch report` (DESIGN.md house rule 8: data apart from pictures).
+
+One pure function per figure: the analysis document (analyze.py), the run frames
+(runs.py) and profile.json (profile/procedure.py) in, plain dicts and lists out (JSON-ready,
+tested by equality). The report layer only draws what these return. A function returns
+`None` when its data is absent (the figure is then omitted with FIGURES' one-line note).
+
+- Seed bands: each run is linearly interpolated onto the union of its configuration's
+  evaluated x values, inside its own range only; at each x the band is the min and max, the
+  line the mean, over the seeds that cover that x (runs that stop at the target end early).
+- Phase times: seconds per 1,000 samples of each `time/*` phase, summed over a
+  configuration's runs and divided by their samples (so configurations with different B
+  compare on the samples axis).
+- Measured saving = 1 - T_rec / T_ref (medians). Its interval uses the analysis's own
+  bootstrap draws (stats.config_boot, same seeds and resamples), censored runs widening it
+  as in stats.compare. The predicted saving uses the McCandlish prediction (no interval).
+numpy/pandas only: no torch, no matplotlib.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pandas as pd
+
+from rlbatch.analysis import stats
+from rlbatch.analysis.runs import RunFrames
+
+PHASES = (("rollout", "time/rollout"), ("reward", "time/reward"),
+          ("actor", "time/actor_update"), ("critic", "time/critic_update"),
+          ("other", "time/other"))
+EXTRA_PHASES = (("reference", "time/reference"), ("noise_scale", "time/noise_scale"))
+MEMORY_LIMIT_VIEW = 16  # mark the memory limit when it is within 16x the largest tested C
+
+FIGURES = {  # key -> (title, note when the data is absent)
+    "invariance_samples": ("Target metric against cumulative samples (invariance plot)",
+                           "no run logged the target metric"),
+    "invariance_time": ("Target metric against training seconds",
+                        "no run logged the target metric with train_s"),
+    "scaling": ("Samples to target N* and time to target T against B",
+                "no configuration with a known batch size"),
+    "decision_rule": ("Decision rule: throughput ratio against samples ratio",
+                      ("no candidate with both ratios known (needs a reference and a "
+                       "candidate that reached the target)")),
+    "decode": ("Decode throughput against concurrency C",
+               "no decode sweep in profile.json and no rollout/concurrency in the step logs"),
+    "phases": ("Phase time per configuration", "no step logs with time/* keys"),
+    "noise_scale": ("Gradient noise scale B_simple over samples",
+                    "no run logged actor/noise_scale or critic/noise_scale"),
+    "lr_control": ("Fixed-LR control against its sqrt-scaled twin",
+                   "no pair of configurations with the same B and lr_scaling none and sqrt"),
+}
+
+
+def _finite(x) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _ratio(num, den) -> float | None:
+    return None if num is None or not den else _finite(num / den)
+
+
+def config_labels(entries: list[dict]) -> dict[str, str]:
+    """Config id -> a short label `B=256 (32x8) lr=0.000141 sqrt`; labels that would
+    collide get the config id's hash appended."""
+    labels = {}
+    for e in entries:
+        b = e.get("sequences_per_step")
+        if b is None:
+            labels[e["config"]] = str(e["config"])
+            continue
+        parts = [f"B={b}"]
+        if e.get("prompts_per_step") is not None and e.get("samples_per_prompt") is not None:
+            parts.append(f"({e['prompts_per_step']}x{e['samples_per_prompt']})")
+        if e.get("lr") is not None:
+            parts.append(f"lr={e['lr']:.3g}")
+        if e.get("lr_scaling"):
+            parts.append(str(e["lr_scaling"]))
+        labels[e["config"]] = " ".join(parts)
+    counts: dict[str, int] = {}
+    for lab in labels.values():
+        counts[lab] = counts.get(lab, 0) + 1
+    return {c: (f"{lab} #{c.rsplit('-', 1)[-1][:6]}" if counts[lab] > 1 else lab)
+            for c, lab in labels.items()}
+
+
+# ---- curves with seed bands ----
+def run_curve(rows: pd.DataFrame, x: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, metric) of one run's rows, non-finite pairs dropped, sorted by x."""
+    if rows.empty or metric not in rows.columns or x not in rows.columns:
+        return np.zeros(0), np.zeros(0)
+    xs = pd.to_numeric(rows[x], errors="coerce").to_numpy(dtype=np.float64)
+    v = pd.to_numeric(rows[metric], errors="coerce").to_numpy(dtype=np.float64)
+    keep = np.isfinite(xs) & np.isfinite(v)
+    order = np.argsort(xs[keep], kind="stable")
+    return xs[keep][order], v[keep][order]
+
+
+def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict | None:
+    """Mean, min and max across runs on the union of their x values (each run only inside
+    its own range); None when no run has a point."""
+    curves = [c for c in curves if len(c[0])]
+    if not curves:
+        return None
+    grid = np.unique(np.concatenate([s for s, _ in curves]))
+    vals = np.full((len(curves), len(grid)), np.nan)  # (n_runs, G)
+    for i, (s, v) in enumerate(curves):
+        inside = (grid >= s[0]) & (grid <= s[-1])
+        vals[i, inside] = np.interp(grid[inside], s, v)
+    return {"x": grid.tolist(), "mean": np.nanmean(vals, axis=0).tolist(),
+            "lo": np.nanmin(vals, axis=0).tolist(), "hi": np.nanmax(vals, axis=0).tolist(),
+            "seeds": len(curves)}
+
+
+def _rows(frames: RunFrames, run: str, source: str) -> pd.DataFrame:
+    return frames.run_evals(run) if source == "evals" else frames.run_steps(run)
+
+
+def invariance_data(doc: dict, frames: RunFrames | None, x: str = "samples") -> dict | None:
+    """The target metric against `x` ("samples" or "train_s") per configuration, with seed
+    bands; the reference and verdicts marked."""
+    if frames is None or not doc.get("configs"):
+        return None
+    metric, source = doc["target"]["metric"], doc.get("metric_source", "evals")
+    labels = config_labels(doc["configs"])
+    out = []
+    for e in doc["configs"]:
+        band = seed_band([run_curve(_rows(frames, r["run"], source), x, metric)
+                          for r in e["runs"]])
+        if band is not None:
+            out.append({"config": e["config"], "label": labels[e["config"]],
+                        "sequences_per_step": e["sequences_per_step"],
+                        "verdict": e["verdict"], **band})
+    if not out:
+        return None
+    return {"x": x, "metric": metric, "target": doc["target"]["value"],
+            "reference": doc["reference"]["config"], "configs": out}
+
+
+# ---- batch-size figures from the analysis document ----
+def scaling_data(doc: dict) -> dict | None:
+    """N* and T (medians, intervals, censoring lower bounds) against B per configuration,
+    with the critical batch (divergence sense) and McCandlish's B_crit."""
+    labels = config_labels(doc.get("configs", []))
+    pts = []
+    for e in doc.get("configs", []):
+        if e["sequences_per_step"] is None:
+            continue
+        pts.append({k: e[k] for k in (
+            "config", "sequences_per_step", "lr_scaling", "verdict", "samples_to_target",
+            "samples_to_target_ci", "samples_to_target_lower_bound", "time_to_target",
+            "time_to_target_ci", "time_to_target_lower_bound")} | {"label": labels[e["config"]]})
+    if not pts:
+        return None
+    cb = doc.get("critical_batch") or {}
+    return {"points": pts, "reference": doc["reference"]["config"],
+            "critical_batch_divergence": cb.get("critical_batch_divergence"),
+            "b_crit_mccandlish": cb.get("b_crit_mccandlish")}
+
+
+def decision_rule_data(doc: dict) -> dict | None:
+    """Per candidate: x = N*_cand/N*_ref, y = q_cand/q_ref (intervals). Above y = x the
+    candidate is faster (T = N*/q). Candidates without both ratios are listed apart."""
+    labels = config_labels(doc.get("configs", []))
+    pts, missing = [], []
+    for e in doc.get("configs", []):
+        vs = e.get("vs_reference")
+        if not vs:
+            continue
+        if vs["samples_ratio"] is None or vs["throughput_ratio"] is None:
+            missing.append(labels[e["config"]])
+            continue
+        pts.append({"config": e["config"], "label": labels[e["config"]],
+                    "sequences_per_step": e["sequences_per_step"], "verdict": e["verdict"],
+                    "samples_ratio": vs["samples_ratio"],
+                    "samples_ratio_ci": vs["samples_ratio_ci"],
+                    "throughput_ratio": vs["throughput_ratio"],
+                    "throughput_ratio_ci": vs["throughput_ratio_ci"],
+                    "faster_by_rule": vs["faster_by_rule"]})
+    if not pts:
+        return None
+    return {"points": pts, "not_plotted": missing}
+
+
+def noise_scale_data(doc: dict) -> dict | None:
+    """Logged B_simple series (actor, critic) of every run, labelled by configuration."""
+    labels = config_labels(doc.get("configs", []))
+    out: dict[str, list] = {"actor": [], "critic": []}
+    for e in doc.get("configs", []):
+        for r in e["runs"]:
+            for role, pts in (r.get("noise_scale_series") or {}).items():
+                out.setdefault(role, []).append({
+                    "config": e["config"], "label": labels[e["config"]], "seed": r["seed"],
+                    "samples": [p[0] for p in pts], "values": [p[1] for p in pts]})
+    return out if any(out.values()) else None
+
+
+# ---- systems figures ----
+def decode_data(profile: dict | None, frames: RunFrames | None = None) -> dict | None:
+    """Tokens/s against decode concurrency from profile.json's sweep (plateau, chosen C,
+    memory limit, roofline bound in tokens/s = tokens_per_s x bound / achieved FLOP/s);
+    else the step logs' rollout/tokens_per_s medians per rollout/concurrency."""
+    decode = (profile or {}).get("decode") or {}
+    sweep = decode.get("sweep") or {}
+    if sweep.get("rows"):
+        pts = [{"concurrency": r["concurrency"], "tokens_per_s": r["tokens_per_s"],
+                "roofline_tokens_per_s": (r["tokens_per_s"] * r["roofline_bound_flops"]
+                                          / r["achieved_flops"]) if r.get("achieved_flops")
+                else None,
+                "bound_by": r.get("bound_by"), "latency_s": r.get("latency_s"),
+                "within_latency_cap": r.get("within_latency_cap", True)}
+               for r in sweep["rows"]]
+        c_max = sweep.get("max_concurrency_in_budget")
+        top = max(p["concurrency"] for p in pts)
+        return {"source": "decode_sweep", "points": pts,
+                "plateau_concurrency": sweep.get("plateau_concurrency"),
+                "chosen_concurrency": decode.get("chosen"),
+                "memory_limit_concurrency": c_max,
+                "memory_limit_in_view": c_max is not None and c_max <= MEMORY_LIMIT_VIEW * top,
+                "stopped_by": sweep.get("stopped_by"), "latency_cap_s": sweep.get("latency_cap_s"),
+                "engine": sweep.get("engine"), "device": sweep.get("device")}
+    return _decode_from_steps(frames)
+
+
+def _decode_from_steps(frames: RunFrames | None) -> dict | None:
+    cols = ("rollout/concurrency", "rollout/tokens_per_s")
+    if frames is None or any(c not in frames.steps.columns for c in cols):
+        return None
+    df = frames.steps[list(cols)].apply(pd.to_numeric, errors="coerce").dropna()
+    if df.empty:
+        return None
+    med = df.groupby(cols[0])[cols[1]].median().sort_index()
+    pts = [{"concurrency": int(c), "tokens_per_s": float(t), "roofline_tokens_per_s": None,
+            "bound_by": None, "latency_s": None, "within_latency_cap": True}
+           for c, t in med.items()]
+    return {"source": "training_steps", "points": pts, "plateau_concurrency": None,
+            "chosen_concurrency": None, "memory_limit_concurrency": None,
+            "memory_limit_in_view": False, "stopped_by": None, "latency_cap_s": None,
+            "engine": None, "device": None}
+
+
+def phase_data(doc: dict, frames: RunFrames | None) -> dict | None:
+    """Seconds per 1,000 samples of each phase per configuration (and its fraction of the
+    total). The five main phases always; reference / noise_scale only when they took time."""
+    if frames is None or frames.steps.empty:
+        return None
+    known = [(n, c) for n, c in PHASES + EXTRA_PHASES if c in frames.steps.columns]
+    if not known:
+        return None
+    labels = config_labels(doc["configs"])
+    rows = []
+    for e in doc["configs"]:
+        st = frames.steps[frames.steps["run"].isin([r["run"] for r in e["runs"]])]
+        samples = float(st.groupby("run")["samples"].max().sum()) if len(st) else 0.0
+        if samples <= 0:
+            continue
+        per = {n: float(pd.to_numeric(st[c], errors="coerce").sum()) * 1000.0 / samples
+               for n, c in known}
+        total = sum(per.values())
+        rows.append({"config": e["config"], "label": labels[e["config"]],
+                     "sequences_per_step": e["sequences_per_step"], "steps": len(st),
+                     "seconds_per_1k_samples": per,
+                     "fraction": {n: (v / total if total > 0 else None) for n, v in per.items()}})
+    main = [n for n, _ in PHASES]
+    phases = [n for n, _ in known
+              if n in main or any(r["seconds_per_1k_samples"][n] > 0 for r in rows)]
+    if not rows:
+        return None
+    for r in rows:
+        r["seconds_per_1k_samples"] = {n: r["seconds_per_1k_samples"][n] for n in phases}
+        r["fraction"] = {n: r["fraction"][n] for n in phases}
+    return {"phases": phases, "configs": rows}
+
+
+def lr_control_data(doc: dict, frames: RunFrames | None) -> list | None:
+    """Each fixed-LR configuration (lr_scaling none) with its sqrt-scaled twin (same B and
+    algorithm): N*, T, q side by side, their ratios (fixed / sqrt) and both curves."""
+    entries = doc.get("configs", [])
+    labels = config_labels(entries)
+    curves = {c["config"]: c for c in (invariance_data(doc, frames) or {}).get("configs", [])}
+    pairs = []
+    for fixed in entries:
+        if fixed["lr_scaling"] != "none" or fixed["sequences_per_step"] is None:
+            continue
+        twin = next((e for e in entries if e["lr_scaling"] == "sqrt"
+                     and e["sequences_per_step"] == fixed["sequences_per_step"]
+                     and e["algorithm"] == fixed["algorithm"]), None)
+        if twin is None:
+            continue
+        sides = {name: {k: e[k] for k in ("config", "lr", "samples_to_target",
+                                          "samples_to_target_lower_bound", "time_to_target",
+                                          "throughput", "verdict")}
+                 | {"label": labels[e["config"]], "curve": curves.get(e["config"])}
+                 for name, e in (("fixed", fixed), ("sqrt", twin))}
+        pairs.append({"sequences_per_step": fixed["sequences_per_step"], **sides,
+                      "metric": doc["target"]["metric"], "target": doc["target"]["value"],
+                      "samples_ratio": _ratio(fixed["samples_to_target"],
+                                              twin["samples_to_target"]),
+                      "time_ratio": _ratio(fixed["time_to_target"], twin["time_to_target"]),
+                      "throughput_ratio": _ratio(fixed["throughput"], twin["throughput"])})
+    return pairs or None
+
+
+# ---- decision, tables ----
+def saving_interval(cand: dict, ref: dict, settings: dict) -> list:
+    """Interval of 1 - T_cand/T_ref from the analysis's bootstrap draws of both medians
+    (censored runs at their lower bound for one end, at +inf for the other); None = unbounded."""
+    n_boot, seed, ci = settings["bootstrap_resamples"], settings["bootstrap_seed"], settings["ci"]
+    a = stats.config_boot(cand["config"], cand["runs"], n_boot, seed)
+    b = stats.config_boot(ref["config"], ref["runs"], n_boot, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = stats.raw_interval(a.time_lo / b.time_hi, a.time_hi / b.time_lo, ci)
+    return [_finite(1.0 - hi), _finite(1.0 - lo)]
+
+
+def _concurrency(configs: dict | None, config: str) -> int | None:
+    c = ((configs or {}).get(config) or {}).get("rollout") or {}
+    return c.get("generation_concurrency") if isinstance(c, dict) else None
+
+
+def decision_data(doc: dict, profile: dict | None = None, configs: dict | None = None) -> dict:
+    """The recommended P, G, LR and C with its measured (and predicted) saving against the
+    reference; `recommended: false` with the reason when there is none."""
+    rec = doc.get("recommendation")
+    if rec is None:
+        reason = (profile or {}).get("problem") or \
+            "no configuration aligned with the reference reached the target"
+        return {"recommended": False, "reason": reason}
+    entries = {e["config"]: e for e in doc["configs"]}
+    e, ref = entries[rec["config"]], entries[doc["reference"]["config"]]
+    labels = config_labels(doc["configs"])
+    dec = (profile or {}).get("decision") or {}
+    ratio = _ratio(rec["time_to_target"], ref["time_to_target"])
+    saving = None if rec["is_reference"] or ratio is None else 1.0 - ratio
+    pred = _ratio(e.get("predicted_time_to_target"), ref.get("predicted_time_to_target"))
+    return {
+        "recommended": True, "config": rec["config"], "label": labels[rec["config"]],
+        "is_reference": rec["is_reference"],
+        "prompts_per_step": dec.get("prompts_per_step", e["prompts_per_step"]),
+        "samples_per_prompt": dec.get("samples_per_prompt", e["samples_per_prompt"]),
+        "sequences_per_step": e["sequences_per_step"], "lr": e["lr"],
+        "generation_concurrency": dec.get("generation_concurrency",
+                                          _concurrency(configs, rec["config"])),
+        "reference": ref["config"], "reference_label": labels[ref["config"]],
+        "time_to_target": rec["time_to_target"], "time_to_target_ci": rec["time_to_target_ci"],
+        "reference_time_to_target": ref["time_to_target"],
+        "reference_time_to_target_ci": ref["time_to_target_ci"],
+        "measured_saving": saving,
+        "measured_saving_ci": None if rec["is_reference"]
+        else saving_interval(e, ref, doc["settings"]),
+        "p_faster": rec["p_faster_than_reference"], "speedup": rec["speedup_vs_reference"],
+        "predicted_saving": None if rec["is_reference"] or pred is None else 1.0 - pred,
+        "b_noise": (doc.get("prediction") or {}).get("b_noise"),
+        "b_noise_source": (doc.get("prediction") or {}).get("b_noise_source"),
+        "ci": doc["settings"]["ci"], "target": doc["target"],
+    }
+
+
+def configs_table(doc: dict) -> list[dict]:
+    """One row per configuration: label, B, LR, seeds, N*, T, q (+ intervals), verdict."""
+    labels = config_labels(doc.get("configs", []))
+    keys = ("config", "sequences_per_step", "lr", "lr_scaling", "seeds", "samples_to_target",
+            "samples_to_target_ci", "samples_to_target_lower_bound", "time_to_target",
+            "time_to_target_ci", "time_to_target_lower_bound", "throughput", "verdict",
+            "predicted_time_to_target")
+    return [{k: e.get(k) for k in keys} | {"label": labels[e["config"]],
+                                          "is_reference": e["config"] == doc["reference"]["config"]}
+            for e in doc.get("configs", [])]
+
+
+def _rel_link(run: str, out_dir: str) -> str:
+    rel = os.path.relpath(os.path.abspath(run), os.path.abspath(out_dir))
+    return rel.replace(os.sep, "/").rstrip("/") + "/"
+
+
+def runs_table(doc: dict, configs: dict | None, profile: dict | None, out_dir: str) -> list[dict]:
+    """One row per run: relative link to its folder (from `out_dir`), name, task, seed,
+    config label, N*, T, q, censoring and (from profile.json) the trial, kind and status."""
+    labels = config_labels(doc.get("configs", []))
+    trials = {os.path.basename(os.path.normpath(t["run_dir"])): t
+              for t in (profile or {}).get("trials", [])}
+    rows = []
+    for e in doc.get("configs", []):
+        cfg = (configs or {}).get(e["config"]) or {}
+        task = cfg.get("task") if isinstance(cfg.get("task"), dict) else {}
+        for r in e["runs"]:
+            t = trials.get(os.path.basename(os.path.normpath(r["run"]))) or {}
+            rows.append({"link": _rel_link(r["run"], out_dir), "run_id": r["run_id"],
+                         "name": cfg.get("name"), "task": task.get("name"),
+                         "config": e["config"], "label": labels[e["config"]], "seed": r["seed"],
+                         "samples_to_target": r["samples_to_target"],
+                         "time_to_target": r["time_to_target"], "censored": r["censored"],
+                         "last_samples": r["last_samples"], "throughput": r["throughput"],
+                         "trial": t.get("trial"), "kind": t.get("kind"),
+                         "status": t.get("status"), "stop_reason": t.get("stop_reason")})
+    return rows
+
+
+def logged_metrics(frames: RunFrames | None) -> list[str]:
+    """Evaluation metric keys (eval/*) logged by any run."""
+    if frames is None:
+        return []
+    return sorted(str(c) for c in frames.evals.columns if str(c).startswith("eval/"))
+
+
+def report_data(doc: dict, frames: RunFrames | None, profile: dict | None, out_dir: str) -> dict:
+    """Everything the report draws: overview, decision, tables and each figure's data (None
+    where absent, with FIGURES' note)."""
+    figs = {
+        "invariance_samples": invariance_data(doc, frames, "samples"),
+        "invariance_time": invariance_data(doc, frames, "train_s"),
+        "scaling": scaling_data(doc), "decision_rule": decision_rule_data(doc),
+        "decode": decode_data(profile, frames), "phases": phase_data(doc, frames),
+        "noise_scale": noise_scale_data(doc), "lr_control": lr_control_data(doc, frames),
+    }
+    configs = frames.configs if frames is not None else None
+    return {
+        "title": (profile or {}).get("config"), "target": doc["target"],
+        "metric_source": doc.get("metric_source"), "reference": doc["reference"],
+        "settings": doc["settings"], "critical_batch": doc.get("critical_batch"),
+        "cost": (profile or {}).get("cost"), "problem": (profile or {}).get("problem"),
+        "warnings": list(doc.get("warnings", [])), "metrics": logged_metrics(frames),
+        "decision": decision_data(doc, profile, configs), "configs": configs_table(doc),
+        "runs": runs_table(doc, configs, profile, out_dir),
+        "figures": figs, "notes": {k: v[1] for k, v in FIGURES.items() if figs[k] is None},
+        "titles": {k: v[0] for k, v in FIGURES.items()},
+    }

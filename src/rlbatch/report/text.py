@@ -1,0 +1,150 @@
+"""The report's words: numbers formatted, sentences and table cells as plain (unescaped)
+strings, shared by the HTML and Markdown renderers, which escape them. Formatting only:
+every number comes from analysis/figures.py's report data."""
+
+from __future__ import annotations
+
+CAPTIONS = {
+    "invariance_samples": "Mean across seeds (line) and the seeds' min-max band, against "
+    "cumulative samples. With eta(B) = eta0 sqrt(B/B0), aligned configurations lie on the "
+    "reference's curve (the thick line); the dashed line is the target.",
+    "invariance_time": "The same curves against training seconds (evaluation and "
+    "checkpointing excluded): the configuration that crosses the target first wins.",
+    "scaling": "Medians across seeds with their bootstrap intervals; a triangle marks a "
+    "censored median (the configuration's runs did not reach the target: '> bound').",
+    "decision_rule": "T = N*/q: a candidate beats the reference only above the diagonal "
+    "(q ratio > N* ratio). Bars are bootstrap intervals.",
+    "decode": "Generated tokens per second against decode concurrency C, with the plateau "
+    "(smallest C within 5% of the best), the KV-memory limit and the roofline bound.",
+    "phases": "Where the training time goes: seconds per 1,000 samples in each phase, summed "
+    "over a configuration's steps and runs (from steps.jsonl time/* keys).",
+    "noise_scale": "Logged gradient noise scale B_simple (McCandlish et al. 2018) of each run.",
+    "lr_control": "The paper's control: the same B with the reference LR unscaled "
+    "(lr_scaling none) against the sqrt-scaled LR. Ratios are fixed / sqrt.",
+}
+
+
+def num(x, spec: str | None = None) -> str:
+    """Compact number: thousands separators from 1000 up, 4 significant digits below."""
+    if x is None:
+        return "-"
+    if spec:
+        return format(x, spec)
+    if isinstance(x, bool):
+        return str(x)
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def interval(ci, fmt=num) -> str:
+    if not ci:
+        return "[-]"
+    lo, hi = ci
+    return f"[{fmt(lo) if lo is not None else '-inf'}, {fmt(hi) if hi is not None else 'inf'}]"
+
+
+def median_cell(row: dict, key: str) -> str:
+    """`median [lo, hi]`, or `> lower bound` when the median involves a censored run."""
+    if row[key] is None:
+        lb = row.get(f"{key}_lower_bound")
+        return f"> {num(lb)}" if lb is not None else "-"
+    return f"{num(row[key])} {interval(row.get(f'{key}_ci'))}"
+
+
+def decision_lines(d: dict) -> list[str]:
+    if not d["recommended"]:
+        return [f"No recommendation: {d['reason']}."]
+    t = d["target"]
+    level = f"{d['ci']:.0%}"
+    lines = [(f"Recommended: P = {num(d['prompts_per_step'])} prompts x G = "
+              f"{num(d['samples_per_prompt'])} samples per prompt (B = "
+              f"{num(d['sequences_per_step'])}), LR = {num(d['lr'], '.3g')}, decode "
+              f"concurrency C = {num(d['generation_concurrency'])} ({d['label']})."),
+             (f"Target: {t['metric']} {'>=' if t['direction'] == 'higher' else '<='} "
+              f"{t['value']:g}.")]
+    if d["is_reference"]:
+        lines.append(f"The reference configuration itself is fastest among the aligned ones: "
+                     f"T = {num(d['time_to_target'])} s {interval(d['time_to_target_ci'])}.")
+        return lines
+    lines.append(f"Measured time to target: {num(d['time_to_target'])} s "
+                 f"{interval(d['time_to_target_ci'])} against the reference's "
+                 f"{num(d['reference_time_to_target'])} s "
+                 f"{interval(d['reference_time_to_target_ci'])} ({d['reference_label']}).")
+    lines.append(f"Measured saving: {pct(d['measured_saving'])} "
+                 f"({level} bootstrap interval {interval(d['measured_saving_ci'], pct)}); "
+                 f"speed-up {num(d['speedup'])}x; P(faster) = {num(d['p_faster'])}.")
+    if d["predicted_saving"] is not None:
+        lines.append(f"Predicted saving (McCandlish model, B_noise = {num(d['b_noise'])} from "
+                     f"{d['b_noise_source']}): {pct(d['predicted_saving'])} (no interval).")
+    return lines
+
+
+def summary_lines(data: dict) -> list[str]:
+    ref, cb, s = data["reference"], data.get("critical_batch") or {}, data["settings"]
+    lines = [f"Reference: {ref['config']} ({ref['why']}).",
+             (f"Target metric from {data['metric_source']}.jsonl; medians across seeds with "
+              f"{s['ci']:.0%} bootstrap intervals ({s['bootstrap_resamples']} resamples); "
+              f"equivalence margin x{s['margin_ratio']:.3g} on N*; smoothing: "
+              f"{s['smoothing']}.")]
+    if cb:
+        crit = cb.get("critical_batch_divergence")
+        note = " (every tested B aligned: a lower bound)" if cb.get("lower_bound_only") else ""
+        lines.append(f"Critical batch (divergence sense): {num(crit)}{note}; first B not "
+                     f"aligned: {num(cb.get('first_not_aligned_batch'))}. McCandlish B_crit "
+                     f"(50%-efficiency fit): {num(cb.get('b_crit_mccandlish'))}; Zhang 20% CBS "
+                     f"(model-implied): {num(cb.get('cbs_zhang_20pct_model'))}.")
+    cost = data.get("cost")
+    if cost:
+        lines.append(f"Profiling cost: {num(cost.get('total_s'))} s (trials "
+                     f"{num(cost.get('trial_train_s'))} s + decode sweep "
+                     f"{num(cost.get('decode_sweep_s'))} s) = "
+                     f"{num(cost.get('multiple_of_baseline_time_to_target'))}x one baseline "
+                     "time to target.")
+    if data.get("problem"):
+        lines.append(f"Profile problem: {data['problem']}.")
+    if data.get("metrics"):
+        lines.append("Evaluation metrics logged: " + ", ".join(data["metrics"]) + ".")
+    return lines
+
+
+CONFIG_HEADER = ("configuration", "config id", "seeds", "N* samples", "T seconds",
+                 "q samples/s", "predicted T", "verdict")
+
+
+def config_rows(data: dict) -> list[list[str]]:
+    return [[r["label"] + (" (reference)" if r["is_reference"] else ""), r["config"],
+             num(r["seeds"]), median_cell(r, "samples_to_target"),
+             median_cell(r, "time_to_target"), num(r["throughput"]),
+             num(r["predicted_time_to_target"]), str(r["verdict"])] for r in data["configs"]]
+
+
+RUN_HEADER = ("run folder", "name", "task", "configuration", "seed", "N*", "T s", "q",
+              "trial", "status")
+
+
+def run_cells(r: dict) -> list[str]:
+    """Cells after the link column."""
+    nstar = f"> {num(r['last_samples'])}" if r["censored"] else num(r["samples_to_target"])
+    status = r["status"] or ""
+    if r.get("stop_reason"):
+        status += f" ({r['stop_reason']})"
+    trial = f"{r['trial']} ({r['kind']})" if r.get("trial") else ""
+    return [str(r["name"] or ""), str(r["task"] or ""), r["label"], num(r["seed"]), nstar,
+            num(r["time_to_target"]), num(r["throughput"]), trial, status]
+
+
+def figure_extra(key: str, fig: dict | list) -> str:
+    """A data-dependent line under a caption (empty when there is nothing to add)."""
+    if key == "decision_rule" and fig.get("not_plotted"):
+        return "Not plotted (a ratio is unknown, e.g. a censored N*): " + \
+            ", ".join(fig["not_plotted"]) + "."
+    if key == "decode":
+        if fig["source"] == "training_steps":
+            return ("From the training steps' rollout/tokens_per_s (no decode sweep: no "
+                    "roofline, plateau or memory limit).")
+        return (f"Engine {fig['engine']} on {fig['device']}; sweep stopped by "
+                f"{fig['stopped_by']}.")
+    return ""
