@@ -169,3 +169,27 @@ def test_trl_nonfinite_updates_are_skipped_then_diverged(tiny_model_dir, tmp_pat
     ckpt = latest_checkpoint(Path(summary["run_dir"]))  # the final one, after step 2
     assert ckpt.name == "checkpoint-2"
     assert all(torch.isfinite(t).all() for t in load_file(ckpt / "model.safetensors").values())
+
+
+def test_profile_with_trl_backend(tiny_model_dir, tmp_path):
+    """`rlbatch profile --backend trl`: every trial runs TRL's GRPOTrainer, and the
+    profile's early stop (a STOP file) is honoured by the TRL backend too."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "prof"
+    cmd = [sys.executable, "-m", "rlbatch.cli.main", "profile", "--preset", "quick",
+           "--backend", "trl", "--batches", "8", "--concurrency", "64",
+           "--set", "target.value=0.35", "--set", "eval.prompts=128",
+           "--set", "eval.every_samples=1024", "--set", "profile.fixed_lr_control=false",
+           "--set", "budget.max_samples=8192", "--out", str(out), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((out / "profile.json").read_text())
+    assert {t["trial"] for t in doc["trials"]} == {"base-P16-s0", "sqrt-P8-s0"}
+    for t in doc["trials"]:
+        manifest = json.loads((Path(t["run_dir"]) / "manifest.json").read_text())
+        assert manifest["backend"] == "trl"
+        assert t["status"] in ("target_reached", "budget_exhausted")
+    assert doc["trials"][0]["status"] == "target_reached"
+    assert doc["decision"] is not None
