@@ -20,7 +20,7 @@ import pytest
 
 from rlbatch.analysis.figures import FIGURES
 from rlbatch.report.build import build_report
-from rlbatch.report.html import CSP
+from rlbatch.report.html import CSP, esc
 from test_report_figures import write_profile
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -96,7 +96,8 @@ def test_report_renders_without_console_errors_and_saves_a_screenshot(report, tm
 
 def test_every_figure_has_a_non_zero_rendered_size(report, tmp_path):
     probe_csp = CSP + "; script-src 'unsafe-inline'"
-    page = report.read_text().replace(CSP, probe_csp, 1).replace("</body>", PROBE + "</body>")
+    page = report.read_text().replace(esc(CSP), esc(probe_csp), 1)
+    page = page.replace("</body>", PROBE + "</body>")
     probe = tmp_path / "probe.html"
     probe.write_text(page)
     proc = chromium(probe, tmp_path / "ud", "--virtual-time-budget=10000", "--dump-dom")

@@ -33,7 +33,7 @@ LAST = 1024
 NOISE = {256: 100.0, 512: 200.0, 768: 300.0, 1024: 400.0}  # actor/noise_scale of sqrt256
 
 
-def run_config(name: str, b: int, rule: str, seed: int, root: Path, **over) -> dict:
+def run_config(b: int, rule: str, seed: int, root: Path, **over) -> dict:
     lr = 1e-4 * (math.sqrt(b / 128) if rule == "sqrt" else 1.0)
     cfg = {"name": over.get("name", "synthetic"), "algorithm": over.get("algorithm", "grpo"),
            "seed": seed, "output_dir": str(root),
@@ -68,7 +68,7 @@ def write_run(d: Path, cfg: dict, k: int, step_s: float, phases: dict, noise: di
 def write_sweep(root: Path) -> Path:
     for name, b, rule, seeds, k, step_s, phases in CONFIGS:
         for seed in seeds:
-            cfg = run_config(name, b, rule, seed, root)
+            cfg = run_config(b, rule, seed, root)
             noise = NOISE if name == "sqrt256" else None
             write_run(root / f"{name}-s{seed}", cfg, k, step_s, phases, noise)
     return root

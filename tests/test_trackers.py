@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 
@@ -86,14 +87,16 @@ def test_tensorboard_events_read_back_with_samples_as_step(tmp_path):
     assert "samples" not in got and "note" not in got and "flag" not in got
 
 
-def test_mlflow_file_store_reads_back_and_resume_reuses_the_run(tmp_path):
+def test_mlflow_file_store_reads_back_and_resume_reuses_the_run(tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="mlflow is optional (pip install mlflow)")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # the sink opts in itself
     from mlflow.tracking import MlflowClient
 
     _log_all(["mlflow"], tmp_path)
     t = trackers.open_trackers(["mlflow"], tmp_path, CONFIG)  # a resumed run: same MLflow run
     t.log({"step": 3, "samples": 192, "reward/mean": 1.0})
     t.close()
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"
     client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
     exp = client.get_experiment_by_name("trk")
     (run,) = client.search_runs([exp.experiment_id])
@@ -115,10 +118,12 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
 
 
 def test_trainer_sends_steps_and_evals(tiny_model_dir, tmp_path, capsys):
-    main(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json",
-          "--set", "trackers=[tensorboard]", "--set", "batch.prompts_per_step=8",
-          "--set", "budget.max_samples=256", "--set", "eval.every_samples=128",
-          "--set", "eval.prompts=32"])
+    with pytest.raises(SystemExit) as ok:  # typer exits 0 when the command returns
+        main(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json",
+              "--set", "trackers=[tensorboard]", "--set", "batch.prompts_per_step=8",
+              "--set", "budget.max_samples=256", "--set", "eval.every_samples=128",
+              "--set", "eval.prompts=32"])
+    assert ok.value.code in (0, None), capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     got = _tb_scalars(f"{summary['run_dir']}/tensorboard")
     assert [s for s, _ in got["eval/accuracy"]] == [0, 128, 256]

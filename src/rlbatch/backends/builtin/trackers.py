@@ -9,7 +9,8 @@ finite numbers are sent (null/NaN, strings and booleans are skipped).
   SummaryWriter; the `tensorboard` package), scalar step = samples.
 - `mlflow`: a local file store `file:<run_dir>/mlruns`, experiment = the config name, one
   MLflow run tagged `rlbatch_run_id` (reused on resume), the resolved config as params,
-  metric step = samples.
+  metric step = samples. MLflow 3 keeps the file store only on opt-in, so
+  MLFLOW_ALLOW_FILE_STORE defaults to true in this process (`mlflow-skinny` suffices).
 - `wandb`: `wandb.init(mode=$WANDB_MODE or "offline", dir=<run_dir>)`, `samples` defined as
   the step metric of every key (`define_metric("*", step_metric="samples")`).
 
@@ -85,6 +86,8 @@ class MlflowSink:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
+        # MLflow >= 3.x refuses the file store unless opted in; a local file store is the point
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
         name = str(config.get("name") or "rlbatch")
         exp = self.client.get_experiment_by_name(name)
