@@ -161,3 +161,10 @@ def test_report_and_figure_data_import_neither_torch_nor_matplotlib():
                           cwd=Path(__file__).parent, check=False)
     assert proc.returncode == 0, proc.stderr
 
+
+
+def test_markdown_escaping_keeps_entities_intact():
+    from rlbatch.report.markdown import md
+
+    assert md("it's <b>|x_y</b> & #1 [a]*") == \
+        r"it's &lt;b&gt;\|x\_y&lt;/b&gt; &amp; #1 \[a\]\*"

@@ -88,3 +88,13 @@ def test_phase_timer_with_fake_clock():
     assert t.warmup_totals == {"rollout": 1.0, "update": 2.5}
     assert t.totals == {"rollout": 0.25}
     assert len(syncs) == 6  # device sync at both boundaries of every phase
+
+
+def test_tracker_sinks_do_not_change_run_identity():
+    from rlbatch.analysis.runs import configuration
+
+    a = {"algorithm": "grpo", "batch": {"prompts_per_step": 16, "samples_per_prompt": 8},
+         "derived": {"actor_lr": 1e-4}, "seed": 0}
+    b = dict(a, trackers=["tensorboard", "mlflow"])
+    assert make_run_id(a, 0) == make_run_id(b, 0)
+    assert configuration(a) == configuration(b)

@@ -65,8 +65,9 @@ class RunFrames:
 
 
 def configuration(config: dict) -> dict:
-    """The configuration of a run: its resolved config without `seed` and `output_dir`."""
-    return {k: v for k, v in config.items() if k not in ("seed", "output_dir")}
+    """The configuration of a run: its resolved config without `seed`, `output_dir` and
+    `trackers` (where it writes and which sinks it feeds do not change the experiment)."""
+    return {k: v for k, v in config.items() if k not in ("seed", "output_dir", "trackers")}
 
 
 def config_id(config: dict) -> str:

@@ -74,8 +74,9 @@ def stable_hash(obj: Any, length: int = 10) -> str:
 
 
 def make_run_id(resolved: dict, seed: int) -> str:
-    """Readable prefix + hash of the resolved config (output_dir excluded) and seed."""
-    body = {k: v for k, v in resolved.items() if k != "output_dir"}
+    """Readable prefix + hash of the resolved config and seed. Where the run writes and which
+    tracker sinks it feeds are not part of its identity (output_dir, trackers excluded)."""
+    body = {k: v for k, v in resolved.items() if k not in ("output_dir", "trackers")}
     batch = resolved.get("batch", {})
     lr = resolved.get("derived", {}).get("actor_lr")
     prefix = f"{resolved.get('algorithm', 'run')}-P{batch.get('prompts_per_step')}" \

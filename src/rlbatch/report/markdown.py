@@ -10,11 +10,13 @@ from urllib.parse import quote
 
 from rlbatch.report import text
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|])")
 
 
 def md(value) -> str:
-    return _MD_SPECIAL.sub(r"\\\1", html.escape(str(value), quote=True))
+    """`<`, `>`, `&` as entities (inline HTML is live in Markdown), markup characters
+    backslash-escaped."""
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(str(value), quote=False))
 
 
 def _table(header, rows) -> list[str]:

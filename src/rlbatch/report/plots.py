@@ -148,7 +148,7 @@ def decode(d: dict):
     roof = [p for p in pts if p["roofline_tokens_per_s"] is not None]
     if roof:
         ax.plot([p["concurrency"] for p in roof], [p["roofline_tokens_per_s"] for p in roof],
-                "--", color="tab:gray", label="roofline bound (tokens/s)")
+                "x--", color="tab:gray", label="roofline bound (tokens/s)")
     if d["plateau_concurrency"] is not None:
         ax.axvline(d["plateau_concurrency"], color="tab:green", ls=":",
                    label=f"plateau C = {d['plateau_concurrency']}")

@@ -87,7 +87,7 @@ def summary_lines(data: dict) -> list[str]:
     lines = [f"Reference: {ref['config']} ({ref['why']}).",
              (f"Target metric from {data['metric_source']}.jsonl; medians across seeds with "
               f"{s['ci']:.0%} bootstrap intervals ({s['bootstrap_resamples']} resamples); "
-              f"equivalence margin x{s['margin_ratio']:.3g} on N*; smoothing: "
+              f"equivalence margin x{s['margin_ratio']:.4g} on N*; smoothing: "
               f"{s['smoothing']}.")]
     if cb:
         crit = cb.get("critical_batch_divergence")
