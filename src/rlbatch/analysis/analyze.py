@@ -210,6 +210,17 @@ def _settings(margin: float, ci: float, n_boot: int, seed: int, smooth: int) -> 
     }
 
 
+def config_target(frames: RunFrames) -> Target:
+    """The runs' own target when all their configs agree on one (`--target` omitted)."""
+    pairs = {((c.get("target") or {}).get("metric"), (c.get("target") or {}).get("value"))
+             for c in frames.configs.values()}
+    pairs = {(m, v) for m, v in pairs if isinstance(m, str) and isinstance(v, (int, float))}
+    if len(pairs) != 1:
+        raise UserError("--target is required (the runs' configs name no single target)")
+    metric, value = pairs.pop()
+    return Target(metric, float(value))
+
+
 def analyze(paths: list[str | Path], target: Target, *, reference_run: str | None = None,
             **kwargs) -> dict:
     """Load the runs under `paths` (plus `reference_run`) and analyze them."""

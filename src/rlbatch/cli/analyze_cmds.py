@@ -88,11 +88,12 @@ def analyze(
     """Samples and time to target per configuration, invariance verdicts vs the reference,
     critical batch (divergence sense) and the recommended configuration."""
     from rlbatch.analysis.analyze import analyze as run_analysis
+    from rlbatch.analysis.analyze import config_target
     from rlbatch.analysis.crossing import parse_target
     from rlbatch.analysis.runs import load_runs
 
     if target is None:
-        tgt = _config_target(load_runs(list(paths)))
+        tgt = config_target(load_runs(list(paths)))
     else:
         tgt = parse_target(target)
     doc = run_analysis(list(paths), tgt, reference_run=reference, margin=margin, ci=ci,
@@ -108,17 +109,6 @@ def analyze(
         console.print(line, highlight=False)
 
 
-def _config_target(frames):
-    from rlbatch.analysis.crossing import Target
-    from rlbatch.core.errors import UserError
-
-    pairs = {((c.get("target") or {}).get("metric"), (c.get("target") or {}).get("value"))
-             for c in frames.configs.values()}
-    pairs = {(m, v) for m, v in pairs if isinstance(m, str) and isinstance(v, (int, float))}
-    if len(pairs) != 1:
-        raise UserError("--target is required (the runs' configs name no single target)")
-    metric, value = pairs.pop()
-    return Target(metric, float(value))
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlbatch.analysis.analyze import analyze_frames
+from rlbatch.analysis.analyze import analyze_frames, config_target
 from rlbatch.analysis.crossing import Target, parse_target
 from rlbatch.analysis.runs import RunFrames, load_runs
 from rlbatch.core.errors import DataError, UserError
@@ -58,15 +58,6 @@ def _relocate(doc: dict, profile_dir: Path) -> list[str]:
     return found
 
 
-def config_target(frames: RunFrames) -> Target:
-    """The runs' own target when all their configs agree on one (as `rlbatch analyze`)."""
-    pairs = {((c.get("target") or {}).get("metric"), (c.get("target") or {}).get("value"))
-             for c in frames.configs.values()}
-    pairs = {(m, v) for m, v in pairs if isinstance(m, str) and isinstance(v, (int, float))}
-    if len(pairs) != 1:
-        raise UserError("--target is required (the runs' configs name no single target)")
-    metric, value = pairs.pop()
-    return Target(metric, float(value))
 
 
 def _split(paths: list[str]) -> tuple[Path | None, list[str]]:
