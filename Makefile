@@ -33,5 +33,24 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check src tests bench
 
+# Wheels the GPU machine lacks (it has no network): pydantic and its dependencies for CPython
+# 3.12 on x86-64 Linux, pinned to this venv's pydantic, plus setuptools, wheel and packaging
+# for the editable install of rlbatch. wheels/ is git-ignored by its own .gitignore; carry
+# it with `carry: ["wheels/gpu"]` (docs/benchmarks.md, "GPU check (H200)").
+.PHONY: gpu-wheels
+gpu-wheels: setup
+	rm -rf wheels/gpu
+	mkdir -p wheels/gpu
+	printf '*\n' > wheels/.gitignore
+	$(BIN)/python -m pip download -q --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --abi cp312 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d wheels/gpu \
+	  "pydantic==$$($(BIN)/python -c 'import pydantic; print(pydantic.VERSION)')"
+	$(BIN)/python -m pip download -q --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --abi cp312 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d wheels/gpu "setuptools>=77" wheel
+	ls wheels/gpu
+	du -sh wheels/gpu
+
 clean:
 	rm -rf $(VENV) .pytest_cache .rlbatch-cache

@@ -1,7 +1,7 @@
 """Render eval curves of run directories to a PNG and print them as a markdown table.
 
 Usage: python bench/plot_runs.py OUT.png RUN_OR_SWEEP_DIR... [--metric eval/accuracy]
-The x-axis is cumulative samples (DESIGN.md); one line per run, labelled by B and LR.
+The x-axis is cumulative samples (docs/design.md); one line per run, labelled by B and LR.
 """
 
 from __future__ import annotations

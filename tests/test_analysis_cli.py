@@ -96,13 +96,14 @@ def test_verdicts_and_critical_batch(doc):
     cfg = by_b(doc)
     assert doc["reference"]["config"] == cfg[128]["config"]
     verdicts = {b: c["verdict"] for b, c in cfg.items()}
-    assert verdicts == {32: "aligned", 64: "aligned", 128: "reference", 256: "aligned",
-                        512: "aligned", 1024: "diverged", 2048: "diverged"}
+    assert verdicts == {32: "unconfirmed", 64: "aligned", 128: "reference", 256: "aligned",
+                        512: "aligned", 1024: "departed", 2048: "departed"}
+    assert cfg[32]["indication"] == "aligned"  # what its single seed suggests
     assert cfg[256]["invariance"]["log_samples_ratio"] == 0.0
     lo, _ = cfg[1024]["invariance"]["log_samples_ratio_ci"]
     assert lo == pytest.approx(math.log(9050 / 4650), rel=1e-12)
     cb = doc["critical_batch"]
-    assert cb["critical_batch_divergence"] == 512
+    assert cb["critical_batch_departure"] == 512
     assert cb["first_not_aligned_batch"] == 1024
     assert "b_crit_mccandlish" in cb and "cbs_zhang_20pct_model" in cb
 
@@ -119,8 +120,9 @@ def test_curve_difference_data(doc):
 def test_recommendation_and_prediction(doc):
     cfg = by_b(doc)
     rec = doc["recommendation"]
-    assert rec["config"] == cfg[512]["config"]
+    assert rec["config"] == cfg[512]["config"] and rec["evidence"] == "established"
     assert rec["p_faster_than_reference"] == 1.0
+    assert rec["time_ratio_ci"][1] < 1.0
     assert rec["speedup_vs_reference"] == pytest.approx(4.0, rel=1e-12)  # same N*, 4x q
     vs = cfg[512]["vs_reference"]
     assert (vs["samples_ratio"], vs["throughput_ratio"], vs["faster_by_rule"]) == (1.0, 4.0, True)
@@ -133,7 +135,7 @@ def test_recommendation_and_prediction(doc):
 
 
 def test_one_seed_warning_and_settings(doc):
-    assert any("one seed" in w for w in doc["warnings"])
+    assert any("1 seed(s); a verdict needs at least 2" in w for w in doc["warnings"])
     s = doc["settings"]
     assert (s["ci"], s["bootstrap_resamples"], s["margin"]) == (0.90, 2000, math.log(1.15))
 
@@ -158,21 +160,23 @@ def test_cli_json(sweep, capsys):
                             "--bootstrap", "300"], capsys)
     assert code in (0, None)
     doc = json.loads(out.strip().splitlines()[-1])
-    assert doc["target"] == {"metric": ACC, "value": 0.5, "direction": "higher"}
+    assert doc["target"] == {"metric": ACC, "value": 0.5, "gain": None, "direction": "higher",
+                             "thresholds": [0.5]}
     c = by_b(doc)[128]
     for key in ("config", "sequences_per_step", "lr", "seeds", "samples_to_target",
                 "samples_to_target_ci", "time_to_target", "throughput", "verdict", "runs"):
         assert key in c
     assert set(c["runs"][0]) >= {"run", "seed", "samples_to_target", "time_to_target", "censored"}
-    assert doc["critical_batch"]["critical_batch_divergence"] == 512
+    assert doc["critical_batch"]["critical_batch_departure"] == 512
     assert doc["recommendation"]["sequences_per_step"] == 512
 
 
 def test_cli_table_uses_config_target(sweep, capsys):
     code, out, _ = run_cli(["analyze", str(sweep), "--bootstrap", "100"], capsys)
     assert code in (0, None)
-    assert "critical batch (divergence sense): 512" in out
-    assert "recommendation: grpo-B512" in out
+    assert "critical batch (departure sense): 512" in out
+    assert "decision: P=64 G=8 (B=512), lr=0.0002: 4x faster than the baseline" in out
+    assert "evidence: established" in out
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from rlbatch.analysis.crossing import (
@@ -227,3 +228,38 @@ def test_run_result_with_smoothing(tmp_path):
     # smoothed: [0, 0.5, 0.5, 0.5, 1.0] -> reaches 0.5 at samples 100
     assert sm["samples_to_target"] == 100.0
     assert np.isfinite(sm["throughput"])
+
+
+def _frames(samples, values, train_s=None):
+    evals = pd.DataFrame({"samples": samples, "eval/accuracy": values})
+    s = [x for x in samples if x > 0]
+    steps = pd.DataFrame({"samples": s, "train_s": train_s or [x / 10.0 for x in s]})
+    return steps, evals
+
+
+def test_relative_target_is_the_runs_step0_value_plus_gain():
+    steps, evals = _frames([0, 100, 200, 300], [0.3, 0.35, 0.42, 0.5])
+    res = run_result(steps, evals, Target("eval/accuracy", None, gain=0.1))
+    assert res["threshold"] == pytest.approx(0.4)
+    assert res["samples_to_target"] == pytest.approx(100 + 0.05 / 0.07 * 100)
+    assert res["too_easy"] is False and res["evaluations_before_target"] == 2
+    # q over the span to the target: N* / T, with T interpolated on the step log (10 samples/s)
+    assert res["throughput_to_target"] == pytest.approx(10.0)
+    assert parse_target("eval/accuracy=+0.1") == Target("eval/accuracy", None, gain=0.1)
+
+
+def test_target_met_by_the_first_evaluation_after_step0_is_too_easy():
+    steps, evals = _frames([0, 100, 200], [0.3, 0.45, 0.5])
+    assert run_result(steps, evals, Target("eval/accuracy", None, gain=0.1))["too_easy"] is True
+    # without a step-0 row the first evaluation is the first after training started
+    steps, evals = _frames([100, 200], [0.6, 0.7])
+    res = run_result(steps, evals, Target("eval/accuracy", 0.5))
+    assert res["too_easy"] is True and res["first_evaluation_samples"] == 100
+    steps, evals = _frames([0, 100, 200], [0.3, 0.45, 0.5])
+    assert run_result(steps, evals, Target("eval/accuracy", 0.48))["too_easy"] is False
+
+
+def test_relative_target_without_a_step0_value_is_censored():
+    steps, evals = _frames([100, 200], [0.3, 0.9])
+    res = run_result(steps, evals, Target("eval/accuracy", None, gain=0.1))
+    assert res["censored"] and res["threshold"] is None and res["last_samples"] == 200

@@ -12,7 +12,7 @@ from rlbatch.analysis import invariance, noise, selection, stats
 def run(n=None, t=None, q=1.0, last=None, last_t=None):
     return {"samples_to_target": n, "time_to_target": t, "censored": n is None,
             "last_samples": last if last is not None else n, "last_train_s": last_t,
-            "throughput": q}
+            "throughput": q, "throughput_to_target": q}
 
 
 # ---------- stats ----------
@@ -53,12 +53,12 @@ def test_one_seed_gives_point_intervals():
     assert s["time_to_target_ci"] == [10.0, 10.0] and s["throughput_ci"] == [10.0, 10.0]
 
 
-def test_compare_censored_candidate_far_beyond_is_diverged_else_inconclusive():
+def test_compare_censored_candidate_far_beyond_is_departed_else_inconclusive():
     ref = stats.config_boot("r", [run(100.0, 10.0)] * 3, 200, 0)
     far = stats.config_boot("c", [run(None, last=200.0, last_t=5.0)] * 3, 200, 0)
     lo, hi = stats.compare(far, ref, 0.9)["log_samples_ratio_raw"]
     assert (lo, hi) == (math.log(2.0), math.inf)
-    assert invariance.verdict(lo, hi) == "diverged"
+    assert invariance.verdict(lo, hi) == "departed"
     short = stats.config_boot("c", [run(None, last=110.0, last_t=5.0)] * 3, 200, 0)
     lo, hi = stats.compare(short, ref, 0.9)["log_samples_ratio_raw"]
     assert invariance.verdict(lo, hi) == "inconclusive"
@@ -71,6 +71,7 @@ def test_compare_ratios_and_probability():
     assert cmp["log_samples_ratio_ci"] == [math.log(2.0), math.log(2.0)]
     assert cmp["samples_ratio_ci"] == [2.0, 2.0]
     assert cmp["throughput_ratio_ci"] == [4.0, 4.0]
+    assert cmp["time_ratio_ci"] == [0.5, 0.5]  # T = N*/q: (200/20) / (100/5)
     assert cmp["p_faster"] == 1.0
     assert stats.compare(base, cand, 0.9)["p_faster"] == 0.0
 
@@ -81,9 +82,9 @@ M = math.log(1.15)
 
 
 @pytest.mark.parametrize("lo,hi,expected", [
-    (-0.1, 0.1, "aligned"), (0.2, 0.3, "diverged"), (M, 0.5, "diverged"),
-    (-0.5, -M, "diverged"), (0.1, 0.2, "inconclusive"), (-0.2, 0.2, "inconclusive"),
-    (-math.inf, math.inf, "inconclusive"), (0.2, math.inf, "diverged"),
+    (-0.1, 0.1, "aligned"), (0.2, 0.3, "departed"), (M, 0.5, "departed"),
+    (-0.5, -M, "departed"), (0.1, 0.2, "inconclusive"), (-0.2, 0.2, "inconclusive"),
+    (-math.inf, math.inf, "inconclusive"), (0.2, math.inf, "departed"),
     (math.nan, 0.1, "inconclusive"),
 ])
 def test_verdict_rule(lo, hi, expected):
@@ -92,7 +93,7 @@ def test_verdict_rule(lo, hi, expected):
 
 def test_verdict_margin_is_configurable():
     assert invariance.verdict(-0.1, 0.1, margin=0.05) == "inconclusive"
-    assert invariance.verdict(0.06, 0.08, margin=0.05) == "diverged"
+    assert invariance.verdict(0.06, 0.08, margin=0.05) == "departed"
 
 
 def test_common_grid_is_union_inside_intersection():
@@ -134,23 +135,23 @@ def test_invariance_curves_band_over_two_seeds():
     assert out["band"] == [[0.0, 0.0], [0.0, 1.0]]
 
 
-def test_critical_batch_divergence():
+def test_critical_batch_departure():
     def e(b, v):
         return {"sequences_per_step": b, "verdict": v}
 
-    out = invariance.critical_batch_divergence(
+    out = invariance.critical_batch_departure(
         [e(64, "aligned"), e(128, "reference"), e(256, "aligned"), e(512, "inconclusive"),
          e(1024, "aligned")])
-    assert out == {"critical_batch_divergence": 256, "first_not_aligned_batch": 512,
+    assert out == {"critical_batch_departure": 256, "first_not_aligned_batch": 512,
                    "largest_tested_batch": 1024, "lower_bound_only": False}
-    all_ok = invariance.critical_batch_divergence([e(128, "reference"), e(256, "aligned")])
-    assert all_ok["critical_batch_divergence"] == 256 and all_ok["lower_bound_only"] is True
-    small_bad = invariance.critical_batch_divergence([e(32, "diverged"), e(128, "reference")])
-    assert small_bad["critical_batch_divergence"] is None
+    all_ok = invariance.critical_batch_departure([e(128, "reference"), e(256, "aligned")])
+    assert all_ok["critical_batch_departure"] == 256 and all_ok["lower_bound_only"] is True
+    small_bad = invariance.critical_batch_departure([e(32, "departed"), e(128, "reference")])
+    assert small_bad["critical_batch_departure"] is None
     # two configurations at one B: both must be aligned
-    two = invariance.critical_batch_divergence(
-        [e(128, "reference"), e(256, "aligned"), e(256, "diverged")])
-    assert two["critical_batch_divergence"] == 128
+    two = invariance.critical_batch_departure(
+        [e(128, "reference"), e(256, "aligned"), e(256, "departed")])
+    assert two["critical_batch_departure"] == 128
 
 
 # ---------- McCandlish fit, noise-scale summaries, prediction ----------
@@ -204,25 +205,90 @@ def test_prediction():
 
 # ---------- selection ----------
 
-def test_recommendation_is_lowest_time_among_aligned():
-    def entry(cfg, verdict, t, p=None):
-        return {"config": cfg, "verdict": verdict, "time_to_target": t, "time_to_target_ci":
-                [t, t], "sequences_per_step": 1, "lr": 1.0,
-                "vs_reference": None if p is None else {"p_faster": p}}
-    entries = [entry("ref", "reference", 10.0), entry("a", "aligned", 6.0, 0.9),
-               entry("d", "diverged", 2.0, 1.0), entry("i", "inconclusive", 3.0, 1.0)]
-    rec = selection.recommend(entries, "ref")
-    assert (rec["config"], rec["speedup_vs_reference"], rec["p_faster_than_reference"]) == \
-        ("a", 10.0 / 6.0, 0.9)
-    only_ref = selection.recommend(entries[:1], "ref")
-    assert only_ref["is_reference"] and only_ref["p_faster_than_reference"] is None
-    assert selection.recommend([entry("ref", "reference", None)], "ref") is None
+def _entry(cfg, verdict, t, ci=None, seeds=3, scaling="sqrt", b=256):
+    return {"config": cfg, "verdict": verdict, "time_to_target": t, "time_to_target_ci": [t, t],
+            "sequences_per_step": b, "lr": 1.0, "seeds": seeds, "algorithm": "grpo",
+            "lr_scaling": scaling,
+            "vs_reference": None if ci is None else {"time_ratio": t / 10.0,
+                                                     "time_ratio_ci": ci, "p_faster": 0.97}}
+
+
+REF = _entry("ref", "reference", 10.0, b=128)
+
+
+def test_recommendation_needs_an_advantage_that_holds_across_seeds():
+    a = _entry("a", "aligned", 6.0, [0.5, 0.8])
+    b = _entry("b", "aligned", 5.0, [0.3, 1.1], b=512)  # faster point estimate, not established
+    rec = selection.recommend([REF, a, b], "ref")
+    assert (rec["config"], rec["evidence"], rec["is_reference"]) == ("a", "established", False)
+    assert rec["speedup_vs_reference"] == 10.0 / 6.0 and rec["p_faster_than_reference"] == 0.97
+    assert [o["config"] for o in rec["open"]] == ["b"]
+
+
+def test_recommendation_keeps_the_reference_and_says_what_to_run():
+    a = _entry("a", "aligned", 8.0, [0.7, 1.1])
+    rec = selection.recommend([REF, a], "ref")
+    assert rec["is_reference"] and rec["evidence"] == "not_enough"
+    assert rec["p_faster_than_reference"] is None and "B=256" in rec["next"]
+    slow = _entry("s", "aligned", 12.0, [1.1, 1.3])
+    done = selection.recommend([REF, slow], "ref")
+    assert done["evidence"] == "none_faster" and done["next"] is None
+    assert [c["config"] for c in done["compared"]] == ["ref", "s"]
+
+
+@pytest.mark.parametrize("other", [
+    _entry("d", "departed", 2.0, [0.1, 0.3]),       # curve departs: never recommended
+    _entry("w", "slower", 2.0, [0.1, 0.3]),         # stopped for cannot_win
+    _entry("e", "too_easy", 2.0, [0.1, 0.3]),
+    _entry("c", "aligned", 2.0, [0.1, 0.3], scaling="none"),  # the fixed-LR control
+])
+def test_only_aligned_members_of_the_reference_family_can_win(other):
+    rec = selection.recommend([REF, other], "ref")
+    assert rec["is_reference"] and rec["evidence"] == "none_faster"
+
+
+def test_unconfirmed_candidate_is_open_not_recommended():
+    u = _entry("u", "unconfirmed", 4.0, [None, None], seeds=1)
+    rec = selection.recommend([REF, u], "ref")
+    assert rec["is_reference"] and rec["evidence"] == "not_enough"
+    assert [c["config"] for c in rec["compared"]] == ["ref"]  # one seed: not compared
+    assert selection.recommend([_entry("ref", "reference", None)], "ref") is None
+    assert selection.recommend([_entry("ref", "too_easy", 3.0)], "ref") is None
+
+
+def _runs(*specs):
+    return [{"censored": c, "too_easy": e, "stop_code": s} for c, e, s in specs]
+
+
+def test_config_verdicts():
+    ref = {"seeds": 3}
+    ok = (False, False, None)
+    stopped = (True, False, "cannot_win")
+    lo, hi = -0.05, 0.05  # inside the margin
+    assert selection.config_verdict({"seeds": 3, "runs": _runs(ok, ok, ok)}, ref, lo, hi, M) == \
+        {"verdict": "aligned", "indication": "aligned"}
+    assert selection.config_verdict({"seeds": 1, "runs": _runs(ok)}, ref, lo, hi, M) == \
+        {"verdict": "unconfirmed", "indication": "aligned"}
+    assert selection.config_verdict({"seeds": 3, "runs": _runs(ok, ok, ok)}, {"seeds": 1},
+                                    lo, hi, M)["verdict"] == "unconfirmed"
+    assert selection.config_verdict({"seeds": 2, "runs": _runs(ok, stopped)}, ref, 0.0,
+                                    math.inf, M)["verdict"] == "slower"
+    assert selection.config_verdict({"seeds": 3, "runs": _runs(ok, ok, stopped)}, ref, 0.0,
+                                    math.inf, M)["verdict"] == "inconclusive"
+    easy = (False, True, None)
+    assert selection.config_verdict({"seeds": 3, "runs": _runs(ok, easy, ok)}, ref, lo, hi,
+                                    M)["verdict"] == "too_easy"
 
 
 def test_versus_baseline_rule():
-    base = {"samples_to_target": 100.0, "time_to_target": 20.0, "throughput": 5.0}
-    cand = {"samples_to_target": 150.0, "time_to_target": 15.0, "throughput": 10.0}
-    cmp = {"samples_ratio_ci": [1.4, 1.6], "throughput_ratio_ci": [1.9, 2.1], "p_faster": 0.95}
+    base = {"samples_to_target": 100.0, "time_to_target": 20.0, "throughput": 5.0, "seeds": 3}
+    cand = {"samples_to_target": 150.0, "time_to_target": 15.0, "throughput": 10.0, "seeds": 3}
+    cmp = {"samples_ratio_ci": [1.4, 1.6], "throughput_ratio_ci": [1.9, 2.1],
+           "time_ratio_ci": [0.7, 0.8], "p_faster": 0.95}
     vs = selection.versus_baseline(cand, base, cmp)
     assert (vs["samples_ratio"], vs["throughput_ratio"], vs["time_ratio"]) == (1.5, 2.0, 0.75)
     assert vs["faster_by_rule"] is True  # q ratio 2.0 > N* ratio 1.5
+    assert vs["time_ratio_ci"] == [0.7, 0.8] and vs["p_faster"] == 0.95
+    one = selection.versus_baseline({**cand, "seeds": 1}, base, cmp)  # a point, not a spread
+    assert one["time_ratio"] == 0.75 and one["p_faster"] is None
+    assert one["time_ratio_ci"] == one["samples_ratio_ci"] == [None, None]

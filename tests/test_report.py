@@ -54,7 +54,7 @@ def test_profile_report_is_one_self_contained_file(profile_report):
     assert not [u for u in urls if re.match(r"[a-z]+://", u) or u.startswith("//")]
     assert "Content-Security-Policy" in page and "@import" not in page and "url(" not in page
     links = [u for u in urls if not u.startswith("data:")]
-    assert len(links) == 4 and all((out.parent / unquote(u)).is_dir() for u in links)
+    assert len(links) == 6 and all((out.parent / unquote(u)).is_dir() for u in links)
     assert "P = 32 prompts x G = 8 samples per prompt (B = 256)" in page
     assert "decode concurrency C = 64" in page
     assert "Measured saving: 37.5% (90% bootstrap interval [37.5%, 37.5%])" in page

@@ -41,7 +41,9 @@ def test_tokenizer_round_trip():
 def test_same_seed_same_weights_and_save_load_round_trip(tmp_path):
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    recipe = replace(TinyRecipe(), max_sft_steps=6, check_every=3, check_prompts=32)
+    # a band every model is in: the first check (step 3) is accepted
+    recipe = replace(TinyRecipe(), max_sft_steps=6, check_every=3, check_prompts=32,
+                     band_low=0.0, min_position_accuracy=0.0)
     facts_a = build_tiny(recipe, tmp_path / "a")
     facts_b = build_tiny(recipe, tmp_path / "b")
     assert 500_000 <= facts_a["parameters"] <= 5_000_000
@@ -109,3 +111,81 @@ def test_chat_template_is_applied_when_the_tokenizer_has_one():
     messages = [{"role": "user", "content": "9"}, {"role": "user", "content": "8"}]
     from_messages = encode_prompt(tok, Example("ignored", "1", meta={"messages": messages}))
     assert tok.decode(from_messages, skip_special_tokens=True) == "9=8=rev:"
+
+
+class _Replay:
+    """A recorded accuracy trajectory standing in for SFT: accuracy is interpolated at the
+    progress made so far (each step adds the current learning-rate scale), so halving the
+    learning rate slows the jump as it would in training."""
+
+    def __init__(self, points):
+        self.xs = [p for p, _ in points]
+        self.ys = [a for _, a in points]
+        self.progress, self.scale, self.restores = 0.0, 1.0, []
+
+    def step(self):
+        self.progress += self.scale
+
+    def check(self):
+        import numpy as np
+
+        return float(np.interp(self.progress, self.xs, self.ys)), [0.5, 0.5, 0.5, 0.5]
+
+    def snapshot(self):
+        return self.progress
+
+    def restore(self, state):
+        self.restores.append(state)
+        self.progress = state
+
+    def set_lr_scale(self, scale):
+        self.scale = scale
+
+
+# Seen on a 2-core AMD EPYC machine: 0.088 at SFT step 300, 0.434 at 320, 0.549 at 325.
+JUMP = [(0, 0.0), (300, 0.088), (320, 0.434), (325, 0.549), (400, 0.95)]
+
+
+def test_band_search_recovers_a_jump_that_skips_the_band():
+    from rlbatch.rollout.tiny_model import run_band_search
+
+    sim = _Replay(JUMP)
+    facts = run_band_search(TinyRecipe(), sim)
+    checks = [(h["step"], round(h["accuracy"], 3)) for h in facts["history"]]
+    assert (300, 0.088) in checks and (320, 0.434) in checks  # the jump was seen, then undone
+    assert sim.restores == [300]  # back to the last check below the band
+    assert facts["backtracks"] == 1 and facts["lr_scale"] == 0.5
+    assert 0.25 <= facts["accuracy_check"] <= 0.40 and facts["in_band"]
+    # after going back, a check after every step: the accepted one is the first in the band
+    after = [h for h in facts["history"] if h["step"] > 320]
+    assert all(b["step"] - a["step"] == 1 for a, b in zip(after, after[1:]))
+    assert all(h["accuracy"] < 0.25 for h in after[:-1])
+
+
+def test_band_search_accepts_a_slow_rise_without_going_back():
+    from rlbatch.rollout.tiny_model import run_band_search
+
+    sim = _Replay([(0, 0.0), (1000, 1.0)])
+    facts = run_band_search(TinyRecipe(), sim)
+    assert sim.restores == [] and facts["backtracks"] == 0
+    assert 0.25 <= facts["accuracy_check"] <= 0.40
+
+
+def test_band_search_fails_loudly_when_the_jump_cannot_be_split():
+    from rlbatch.rollout.tiny_model import WarmStartError, run_band_search
+
+    # a step function: any step, however small, goes from below the band to above it
+    sim = _Replay([(0, 0.0), (300, 0.1), (300.0001, 0.6), (1000, 0.6)])
+    with pytest.raises(WarmStartError) as err:
+        run_band_search(TinyRecipe(), sim)
+    msg = str(err.value)
+    assert "0.25-0.4" in msg and "0.600" in msg and "\n" not in msg
+    assert len(sim.restores) == TinyRecipe().max_backtracks
+
+
+def test_band_search_waits_for_every_answer_position():
+    from rlbatch.rollout.tiny_model import BandSearch
+
+    search = BandSearch(TinyRecipe())
+    assert search.decide(0.3, [0.9, 0.9, 0.2, 0.9]) == "continue"  # one digit not formed yet
+    assert search.decide(0.35, [0.9, 0.9, 0.4, 0.9]) == "accept"

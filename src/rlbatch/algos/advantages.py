@@ -1,4 +1,4 @@
-"""Advantage estimators (pure functions over tensors; house rule 1).
+"""Advantage estimators (pure functions over tensors; docs/design.md, house rule 1).
 
 - `grpo_advantages`: group-relative advantages of GRPO (Shao et al. 2024, DeepSeekMath,
   eq. 3/outcome supervision): within each group of G responses to one prompt,

@@ -1,4 +1,4 @@
-"""Policy and value losses with one normalization point (house rules 1 and 3).
+"""Policy and value losses with one normalization point (docs/design.md, house rules 1 and 3).
 
 Per-token terms are computed unnormalized; `aggregate` is the only place a loss is divided.
 It divides the masked sum by a normalizer fixed for the whole minibatch (its total number of

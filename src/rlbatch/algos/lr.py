@@ -1,4 +1,4 @@
-"""Learning-rate schedule defined in samples (DESIGN.md: the x-axis is samples).
+"""Learning-rate schedule defined in samples (docs/design.md: the x-axis is samples).
 
 `lr_at(samples, base_lr, warmup_samples)`: the LR of the update that brings the cumulative
 sample count to `samples`; linear warm-up from 0 to base_lr over the first

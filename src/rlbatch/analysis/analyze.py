@@ -3,8 +3,8 @@
 Pipeline (each step a pure function of the previous one's data): per-run N*, T, q
 (crossing.py) -> configurations grouped by config id (runs.py) -> seed-bootstrap medians and
 intervals (stats.py) -> invariance vs the reference and verdicts (invariance.py) -> critical
-batch in the divergence sense, McCandlish fit and T(B) prediction (noise.py) ->
-recommendation (selection.py). Only `analyze` touches files (through runs.load_runs).
+batch in the departure sense, McCandlish fit and T(B) prediction (noise.py) ->
+verdicts and recommendation (selection.py). Only `analyze` touches files (through runs.load_runs).
 
 Default reference: the configuration whose `derived.sequences_per_step` equals its
 `optimizer.reference_sequences` (preferring lr_scaling sqrt, then the most seeds), else the
@@ -22,7 +22,9 @@ from rlbatch.analysis.runs import RunFrames, load_runs
 from rlbatch.core.errors import UserError
 
 RUN_KEYS = ("run", "run_id", "seed", "samples_to_target", "time_to_target", "censored",
-            "last_samples", "last_train_s", "throughput", "evaluations")
+            "threshold", "too_easy", "first_evaluation_samples", "evaluations_before_target",
+            "last_samples", "last_train_s", "throughput", "throughput_to_target", "evaluations",
+            "status", "stop_code")
 META_KEYS = ("sequences_per_step", "prompts_per_step", "samples_per_prompt", "lr",
              "lr_scaling", "algorithm", "reference_sequences")
 
@@ -94,7 +96,7 @@ def config_entry(g: dict, frames: RunFrames, boot: stats.ConfigBoot, ci: float) 
 
 def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict, margin: float) -> dict:
     lo, hi = cmp["log_samples_ratio_raw"]
-    entry["verdict"] = invariance.verdict(lo, hi, margin)
+    entry.update(selection.config_verdict(entry, ref, lo, hi, margin))
     return {
         "log_samples_ratio": invariance.log_ratio_point(entry["samples_to_target"],
                                                         ref["samples_to_target"]),
@@ -105,14 +107,9 @@ def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict, margin: float) 
     }
 
 
-def _family(entries: list[dict], ref: dict) -> list[dict]:
-    return [e for e in entries if e["algorithm"] == ref["algorithm"]
-            and e["lr_scaling"] == ref["lr_scaling"]]
-
-
 def _critical_batch(entries: list[dict], ref: dict) -> dict:
-    fam = _family(entries, ref)
-    out = invariance.critical_batch_divergence(fam)
+    fam = selection.family(entries, ref)
+    out = invariance.critical_batch_departure(fam)
     pts = [(e["sequences_per_step"], e["samples_to_target"]) for e in fam
            if e["sequences_per_step"] is not None and e["samples_to_target"] is not None]
     fit = noise.mccandlish_fit([p[0] for p in pts], [p[1] for p in pts])
@@ -131,12 +128,48 @@ def _predict(entries: list[dict], ref: dict, fit: dict) -> dict:
             "reference_sequences_per_step": ref["sequences_per_step"]}
 
 
-def _warnings(frames: RunFrames, dropped: list[str], entries: list[dict]) -> list[str]:
+def _warnings(frames: RunFrames, missing: list[str], entries: list[dict]) -> list[str]:
     out = list(frames.warnings)
-    out += [f"{d}: no finite value of the target metric; run left out" for d in dropped]
-    out += [f"{e['config']}: one seed, so its intervals are points and its verdict is not "
-            "confirmed across seeds" for e in entries if e["seeds"] == 1]
+    out += [f"{d}: no finite value of the target metric; counted as a censored run"
+            for d in missing]
+    out += [f"{e['config']}: {e['seeds']} seed(s); a verdict needs at least "
+            f"{selection.MIN_SEEDS} seeds of it and of the reference" for e in entries
+            if e["seeds"] < selection.MIN_SEEDS]
+    out += [f"{e['config']}: target too easy: met by the first evaluation at "
+            f"{_first_eval(e)} samples; left out of every decision"
+            for e in entries if e["verdict"] == "too_easy"]
     return out
+
+
+def _first_eval(entry: dict) -> str:
+    firsts = [r["first_evaluation_samples"] for r in entry["runs"]
+              if r.get("too_easy") and r.get("first_evaluation_samples") is not None]
+    return f"{min(firsts):,.0f}" if firsts else "?"
+
+
+def _controls(entries: list[dict], ref: dict, boots: dict, ci: float) -> list[dict]:
+    """Each configuration of the reference's algorithm with another LR rule (the fixed-LR
+    control) against its twin of the reference's family at the same B."""
+    fam = selection.family(entries, ref)
+    out = []
+    for e in entries:
+        if e["algorithm"] != ref["algorithm"] or e["lr_scaling"] == ref["lr_scaling"]:
+            continue
+        twin = next((f for f in fam if f["sequences_per_step"] == e["sequences_per_step"]),
+                    None)
+        if twin is not None:
+            cmp = stats.compare(boots[e["config"]], boots[twin["config"]], ci)
+            out.append(selection.control_versus_twin(e, twin, cmp))
+    return out
+
+
+def _problem(ref: dict) -> str | None:
+    if ref["verdict"] == "too_easy":
+        return (f"target too easy: the reference met it by the first evaluation at "
+                f"{_first_eval(ref)} samples; raise the target or evaluate more often")
+    if ref["time_to_target"] is None:
+        return "the reference never reached the target (its median N* is censored)"
+    return None
 
 
 def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | None = None,
@@ -146,8 +179,8 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
     _check_settings(margin, ci, n_boot)
     source = metric_source(frames, target.metric)
     records = per_run_records(frames, target, smooth)
-    dropped = [r["run"] for r in records if r["evaluations"] == 0]
-    groups = group_configs([r for r in records if r["evaluations"] > 0])
+    missing = [r["run"] for r in records if r["evaluations"] == 0]
+    groups = group_configs(records)
     ref_id, why = choose_reference(groups, reference_run)
     boots = {g["config"]: stats.config_boot(g["config"], g["runs"], n_boot, seed) for g in groups}
     entries = [config_entry(g, frames, boots[g["config"]], ci) for g in groups]
@@ -155,9 +188,11 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
     ref_group = next(g for g in groups if g["config"] == ref_id)
     ref_curves = _curves(frames, ref_group["runs"], target, source, smooth)
     ref_idx = stats.boot_indices(len(ref_group["runs"]), n_boot, seed, ref_id)
+    ref_easy = any(r.get("too_easy") for r in ref["runs"])
+    ref.update(verdict="too_easy" if ref_easy else "reference", indication=None,
+               invariance=None, vs_reference=None)
     for g, e in zip(groups, entries):
         if e is ref:
-            e.update(verdict="reference", invariance=None, vs_reference=None)
             continue
         cmp = stats.compare(boots[e["config"]], boots[ref_id], ci)
         idx = stats.boot_indices(len(g["runs"]), n_boot, seed, g["config"])
@@ -167,14 +202,23 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         e["vs_reference"] = selection.versus_baseline(e, ref, cmp)
     critical = _critical_batch(entries, ref)
     return json_safe({
-        "target": target.as_dict(), "metric_source": source,
+        "target": {**target.as_dict(), "thresholds": _thresholds(records)},
+        "metric_source": source,
         "reference": {"config": ref_id, "why": why},
         "settings": _settings(margin, ci, n_boot, seed, smooth),
         "configs": entries, "critical_batch": critical,
         "prediction": _predict(entries, ref, critical["mccandlish_fit"]),
         "recommendation": selection.recommend(entries, ref_id),
-        "warnings": _warnings(frames, dropped, entries),
+        "fixed_lr_controls": _controls(entries, ref, boots, ci),
+        "problem": _problem(ref),
+        "warnings": _warnings(frames, missing, entries),
     })
+
+
+def _thresholds(records: list[dict]) -> list:
+    """The distinct absolute thresholds the runs were judged against (one for an absolute
+    target; per run step-0 value + gain for a relative one)."""
+    return sorted({r["threshold"] for r in records if r["threshold"] is not None})
 
 
 def json_safe(obj):
@@ -211,14 +255,22 @@ def _settings(margin: float, ci: float, n_boot: int, seed: int, smooth: int) -> 
 
 
 def config_target(frames: RunFrames) -> Target:
-    """The runs' own target when all their configs agree on one (`--target` omitted)."""
-    pairs = {((c.get("target") or {}).get("metric"), (c.get("target") or {}).get("value"))
-             for c in frames.configs.values()}
-    pairs = {(m, v) for m, v in pairs if isinstance(m, str) and isinstance(v, (int, float))}
-    if len(pairs) != 1:
+    """The runs' own target when all their configs agree on one (`--target` omitted): an
+    absolute `value`, or a relative `gain` over each run's step-0 evaluation."""
+    found = set()
+    for c in frames.configs.values():
+        t = c.get("target") or {}
+        metric, value, gain = t.get("metric"), t.get("value"), t.get("gain")
+        if not isinstance(metric, str):
+            continue
+        if isinstance(gain, (int, float)) and not isinstance(gain, bool):
+            found.add((metric, None, float(gain)))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.add((metric, float(value), None))
+    if len(found) != 1:
         raise UserError("--target is required (the runs' configs name no single target)")
-    metric, value = pairs.pop()
-    return Target(metric, float(value))
+    metric, value, gain = found.pop()
+    return Target(metric, value, gain=gain)
 
 
 def analyze(paths: list[str | Path], target: Target, *, reference_run: str | None = None,

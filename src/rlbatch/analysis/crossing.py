@@ -1,4 +1,4 @@
-"""Per run: samples to target N*, time to target T and throughput q (DESIGN.md vocabulary).
+"""Per run: samples to target N*, time to target T and throughput q (docs/design.md vocabulary).
 
 N* is the *first* crossing of the target on the samples axis, linearly interpolated between
 the two evaluation points that bracket it: with v_{i-1} < target <= v_i,
@@ -36,19 +36,30 @@ _TARGET = re.compile(r"^\s*([A-Za-z0-9_./:\-@]+)\s*(>=|<=|=)\s*([-+0-9.eE]+)\s*$
 
 @dataclass(frozen=True)
 class Target:
-    """A target: `metric` reaches `value` (>= when higher_is_better, else <=)."""
+    """A target: `metric` reaches `value` (>= when higher_is_better, else <=), or, when
+    `gain` is set instead, the run's own step-0 value plus `gain` (a relative target)."""
 
     metric: str
-    value: float
+    value: float | None
     higher_is_better: bool = True
+    gain: float | None = None
 
     def as_dict(self) -> dict:
-        return {"metric": self.metric, "value": self.value,
+        return {"metric": self.metric, "value": self.value, "gain": self.gain,
                 "direction": "higher" if self.higher_is_better else "lower"}
+
+    def threshold(self, start: float | None) -> float | None:
+        """The absolute value to reach, given the run's step-0 value (None if unknown)."""
+        if self.gain is None:
+            return self.value
+        if start is None or not math.isfinite(start):
+            return None
+        return start + self.gain if self.higher_is_better else start - self.gain
 
 
 def parse_target(text: str) -> Target:
-    """`eval/accuracy=0.8` (or `>=`): reach 0.8 or more; `eval/loss<=0.3`: 0.3 or less."""
+    """`eval/accuracy=0.8` (or `>=`): reach 0.8 or more; `eval/loss<=0.3`: 0.3 or less;
+    `eval/accuracy=+0.15`: the run's step-0 value plus 0.15 (a relative target)."""
     m = _TARGET.match(text or "")
     value = None
     if m:
@@ -58,7 +69,12 @@ def parse_target(text: str) -> Target:
             value = None
     if value is None or not math.isfinite(value):
         raise UserError(f"--target: expected METRIC=VALUE (e.g. eval/accuracy=0.8), got '{text}'")
-    return Target(m.group(1), value, higher_is_better=m.group(2) != "<=")
+    higher = m.group(2) != "<="
+    if m.group(3).startswith("+"):
+        if value <= 0:
+            raise UserError(f"--target: a relative gain must be positive, got '{text}'")
+        return Target(m.group(1), None, higher_is_better=higher, gain=value)
+    return Target(m.group(1), value, higher_is_better=higher)
 
 
 @dataclass(frozen=True)
@@ -150,21 +166,46 @@ def throughput(steps: pd.DataFrame, evals: pd.DataFrame) -> float | None:
     return None
 
 
+def start_value(samples: np.ndarray, values: np.ndarray) -> float | None:
+    """The curve's value at samples == 0 (the step-0 evaluation), else None."""
+    at0 = np.flatnonzero(samples == 0)
+    return float(values[at0[0]]) if len(at0) else None
+
+
 def run_result(steps: pd.DataFrame, evals: pd.DataFrame, target: Target, source: str = "evals",
                smooth: int = 1) -> dict:
     """One run's N*, T (or their censoring bounds) and q. `source` says which log holds the
-    target metric ("evals", or "steps" for a per-step metric such as reward/mean)."""
+    target metric ("evals", or "steps" for a per-step metric such as reward/mean).
+
+    `throughput_to_target` is q over the same span as N*: N* / T (the decision rule's q); for
+    a censored run it falls back to the whole-run q. `too_easy` is true when the target is
+    met at or before the first evaluation after step 0 (the crossing is then not resolved by
+    any training). `evaluations_before_target` counts evaluations with samples below N*."""
     curve_rows = evals if source == "evals" else steps
     s, v = metric_curve(curve_rows, target.metric, smooth)
-    c = first_crossing(s, v, target.value, target.higher_is_better)
+    threshold = target.threshold(start_value(s, v))
+    if threshold is None:
+        c = Crossing(None, True, float(s[-1]) if len(s) else None, None)
+    else:
+        c = first_crossing(s, v, threshold, target.higher_is_better)
+    t = time_at_samples(c.samples, steps, evals)
+    q_run = throughput(steps, evals)
+    q_span = c.samples / t if c.samples and t else None
+    first_trained = int(np.argmax(s > 0)) if np.any(s > 0) else None
     return {
         "samples_to_target": c.samples,
-        "time_to_target": time_at_samples(c.samples, steps, evals),
+        "time_to_target": t,
         "censored": c.censored,
+        "threshold": threshold,
         "evaluations": len(s),
+        "evaluations_before_target": None if c.censored else int(np.sum(s < c.samples)),
+        "too_easy": bool(c.index is not None and first_trained is not None
+                         and c.index <= first_trained),
+        "first_evaluation_samples": None if first_trained is None else float(s[first_trained]),
         "last_samples": c.last_samples,
         "last_train_s": time_at_samples(c.last_samples, steps, evals),
-        "throughput": throughput(steps, evals),
+        "throughput": q_run,
+        "throughput_to_target": q_span if q_span is not None else q_run,
     }
 
 

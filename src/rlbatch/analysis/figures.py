@@ -1,4 +1,4 @@
-"""Figure data for `rlbatch report` (DESIGN.md house rule 8: data apart from pictures).
+"""Figure data for `rlbatch report` (docs/design.md, house rule 8: data apart from pictures).
 
 One pure function per figure: the analysis document (analyze.py), the run frames
 (runs.py) and profile.json (profile/procedure.py) in, plain dicts and lists out (JSON-ready,
@@ -89,6 +89,36 @@ def config_labels(entries: list[dict]) -> dict[str, str]:
             for c, lab in labels.items()}
 
 
+def target_line(doc: dict) -> float | None:
+    """The absolute target to draw: the configured value, or for a relative target the one
+    threshold all runs share (None when they differ: each run then has its own)."""
+    t = doc["target"]
+    if t.get("value") is not None:
+        return t["value"]
+    thresholds = t.get("thresholds") or []
+    return thresholds[0] if len(thresholds) == 1 else None
+
+
+def short_labels(entries: list[dict]) -> dict[str, str]:
+    """Config id -> a label for 80-column tables: `B256 lr1.41e-4`, with the LR rule added
+    when it is not sqrt (`B256 lr1e-4 none`); colliding labels get the id's hash appended."""
+    labels = {}
+    for e in entries:
+        b = e.get("sequences_per_step")
+        if b is None:
+            labels[e["config"]] = str(e["config"])[:24]
+            continue
+        lab = f"B{b}" + ("" if e.get("lr") is None else f" lr{e['lr']:.3g}")
+        if e.get("lr_scaling") not in (None, "sqrt"):
+            lab += f" {e['lr_scaling']}"
+        labels[e["config"]] = lab
+    counts: dict[str, int] = {}
+    for lab in labels.values():
+        counts[lab] = counts.get(lab, 0) + 1
+    return {c: (f"{lab} #{c.rsplit('-', 1)[-1][:4]}" if counts[lab] > 1 else lab)
+            for c, lab in labels.items()}
+
+
 # ---- curves with seed bands ----
 def run_curve(rows: pd.DataFrame, x: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
     """(x, metric) of one run's rows, non-finite pairs dropped, sorted by x."""
@@ -138,14 +168,14 @@ def invariance_data(doc: dict, frames: RunFrames | None, x: str = "samples") -> 
                         "verdict": e["verdict"], **band})
     if not out:
         return None
-    return {"x": x, "metric": metric, "target": doc["target"]["value"],
+    return {"x": x, "metric": metric, "target": target_line(doc),
             "reference": doc["reference"]["config"], "configs": out}
 
 
 # ---- batch-size figures from the analysis document ----
 def scaling_data(doc: dict) -> dict | None:
     """N* and T (medians, intervals, censoring lower bounds) against B per configuration,
-    with the critical batch (divergence sense) and McCandlish's B_crit."""
+    with the critical batch (departure sense) and McCandlish's B_crit."""
     labels = config_labels(doc.get("configs", []))
     pts = []
     for e in doc.get("configs", []):
@@ -159,7 +189,7 @@ def scaling_data(doc: dict) -> dict | None:
         return None
     cb = doc.get("critical_batch") or {}
     return {"points": pts, "reference": doc["reference"]["config"],
-            "critical_batch_divergence": cb.get("critical_batch_divergence"),
+            "critical_batch_departure": cb.get("critical_batch_departure"),
             "b_crit_mccandlish": cb.get("b_crit_mccandlish")}
 
 
@@ -298,7 +328,7 @@ def lr_control_data(doc: dict, frames: RunFrames | None) -> list | None:
                  | {"label": labels[e["config"]], "curve": curves.get(e["config"])}
                  for name, e in (("fixed", fixed), ("sqrt", twin))}
         pairs.append({"sequences_per_step": fixed["sequences_per_step"], **sides,
-                      "metric": doc["target"]["metric"], "target": doc["target"]["value"],
+                      "metric": doc["target"]["metric"], "target": target_line(doc),
                       "samples_ratio": _ratio(fixed["samples_to_target"],
                                               twin["samples_to_target"]),
                       "time_ratio": _ratio(fixed["time_to_target"], twin["time_to_target"]),
@@ -328,8 +358,8 @@ def decision_data(doc: dict, profile: dict | None = None, configs: dict | None =
     reference; `recommended: false` with the reason when there is none."""
     rec = doc.get("recommendation")
     if rec is None:
-        reason = (profile or {}).get("problem") or \
-            "no configuration aligned with the reference reached the target"
+        reason = (profile or {}).get("problem") or doc.get("problem") or \
+            "the reference has no time to target"
         return {"recommended": False, "reason": reason}
     entries = {e["config"]: e for e in doc["configs"]}
     e, ref = entries[rec["config"]], entries[doc["reference"]["config"]]
@@ -358,6 +388,9 @@ def decision_data(doc: dict, profile: dict | None = None, configs: dict | None =
         "b_noise": (doc.get("prediction") or {}).get("b_noise"),
         "b_noise_source": (doc.get("prediction") or {}).get("b_noise_source"),
         "ci": doc["settings"]["ci"], "target": doc["target"],
+        "evidence": rec.get("evidence"), "next": rec.get("next"), "seeds": rec.get("seeds"),
+        "compared": [labels[c["config"]] + f" ({c['seeds']} seeds)"
+                     for c in rec.get("compared") or []],
     }
 
 

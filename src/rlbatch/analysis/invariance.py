@@ -1,6 +1,6 @@
 """Batch-size invariance of sample-indexed curves against a reference configuration.
 
-Checks the "align" half of the Hunyuan procedure (DESIGN.md): with eta(B) = eta0*sqrt(B/B0),
+Checks the "align" half of the Hunyuan procedure (docs/design.md): with eta(B) = eta0*sqrt(B/B0),
 curves plotted against cumulative samples should coincide (Malladi et al. 2022; Hilton et al.
 2022 for PPO). Three pieces of evidence per candidate:
 
@@ -15,12 +15,12 @@ curves plotted against cumulative samples should coincide (Malladi et al. 2022; 
 3. log(N*_cand / N*_ref) (medians across seeds) with its bootstrap interval (stats.py).
 
 Verdict (equivalence, TOST-style, margin m = log(1.15) by default): `aligned` if the whole
-interval lies inside (-m, m); `diverged` if it lies wholly outside (lower end >= m or upper
+interval lies inside (-m, m); `departed` if it lies wholly outside (lower end >= m or upper
 end <= -m); `inconclusive` otherwise. Censored runs enter the interval through their bounds,
-so a candidate that never reached the target is `diverged` only if even its last evaluated
+so a candidate that never reached the target is `departed` only if even its last evaluated
 samples exceed N*_ref * e^m, and `inconclusive` when it simply stopped earlier.
 
-"Critical batch (divergence sense)" = the largest B such that it and every smaller tested B
+"Critical batch (departure sense)" = the largest B such that it and every smaller tested B
 of the reference's family (same algorithm and lr_scaling) are aligned. It is not
 McCandlish et al.'s 50%-efficiency B_crit nor Zhang et al.'s 20%-overhead CBS (noise.py).
 No torch import.
@@ -35,7 +35,7 @@ import numpy as np
 from rlbatch.analysis.stats import finite_or_none
 
 DEFAULT_MARGIN = math.log(1.15)
-VERDICTS = ("aligned", "diverged", "inconclusive")
+VERDICTS = ("aligned", "departed", "inconclusive")
 
 
 def verdict(log_lo: float, log_hi: float, margin: float = DEFAULT_MARGIN) -> str:
@@ -45,7 +45,7 @@ def verdict(log_lo: float, log_hi: float, margin: float = DEFAULT_MARGIN) -> str
     if -margin < log_lo and log_hi < margin:
         return "aligned"
     if log_lo >= margin or log_hi <= -margin:
-        return "diverged"
+        return "departed"
     return "inconclusive"
 
 
@@ -118,13 +118,16 @@ def log_ratio_point(nstar_cand: float | None, nstar_ref: float | None) -> float 
     return finite_or_none(math.log(nstar_cand / nstar_ref))
 
 
-def critical_batch_divergence(entries: list[dict]) -> dict:
-    """Critical batch in the divergence sense from [{"sequences_per_step", "verdict"}] of one
+def critical_batch_departure(entries: list[dict]) -> dict:
+    """Critical batch in the departure sense from [{"sequences_per_step", "verdict"}] of one
     family (the reference's verdict is "reference", counted as aligned): the largest B with
-    every tested B up to it aligned. `lower_bound_only` is true when the largest tested B is
-    still aligned (the divergence lies beyond the sweep)."""
+    every tested B up to it aligned. Configurations whose verdict says nothing about
+    alignment (unconfirmed, slower, too_easy) are left out. `lower_bound_only` is true when the largest tested B is
+    still aligned (the departure lies beyond the sweep)."""
     by_b: dict[int, list[str]] = {}
     for e in entries:
+        if e.get("verdict") not in ("reference", "aligned", "departed", "inconclusive"):
+            continue  # unconfirmed, slower, too_easy: nothing known about alignment
         if e.get("sequences_per_step") is not None:
             by_b.setdefault(int(e["sequences_per_step"]), []).append(e["verdict"])
     crit, first_bad = None, None
@@ -136,7 +139,7 @@ def critical_batch_divergence(entries: list[dict]) -> dict:
             break
     largest = max(by_b) if by_b else None
     return {
-        "critical_batch_divergence": crit,
+        "critical_batch_departure": crit,
         "first_not_aligned_batch": first_bad,
         "largest_tested_batch": largest,
         "lower_bound_only": crit is not None and crit == largest,

@@ -22,7 +22,7 @@ B_simple = tr(Sigma)/|G|^2 logged per step (`actor/noise_scale`, `critic/noise_s
 estimated by algos/noise_scale.py) is summarized per run as its median over the second half
 of training (rows with samples > half of the run's last samples), where it is most stable.
 
-Prediction of time to target from short probes (DESIGN.md T = N*/q):
+Prediction of time to target from short probes (docs/design.md T = N*/q):
     N*_hat(B) = N*_ref (1 + B/B_noise) / (1 + B_ref/B_noise),   T_hat(B) = N*_hat(B) / q_hat(B)
 with B_noise = B_simple (actor) when logged, else the fitted B_crit. No torch import.
 """

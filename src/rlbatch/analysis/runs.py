@@ -5,13 +5,13 @@ that differ only in those are seeds of one configuration and share a stable conf
 (readable prefix + hash). Runs without config.yaml (bare ingested logs) keep B and LR as
 None and each form a configuration of their own, named after their directory.
 
-Row hygiene, applied per run and per file when loading (DESIGN.md "The run log"):
+Row hygiene, applied per run and per file when loading (docs/design.md "The run log"):
 duplicated `step` rows keep the *last* one written (a resumed run re-logs steps); rows are
 then sorted by `samples` (stable, ties by step); rows without a numeric `samples` are dropped
 with a warning. A cut last line is skipped by the reader and its warning kept. Metric values
 that are null (NaN/inf when logged) stay NaN here and are skipped by the metric's consumer.
 
-No torch import (DESIGN.md house rules).
+No torch import (docs/design.md, Layers).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from rlbatch.core.runlog import Run, find_runs, read_run, stable_hash
 
 RUN_COLUMNS = ("run", "run_id", "config", "seed", "algorithm", "prompts_per_step",
                "samples_per_prompt", "sequences_per_step", "lr", "lr_scaling",
-               "reference_sequences")
+               "reference_sequences", "status", "stop_code")
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,8 @@ def run_row(run: Run) -> dict:
         "sequences_per_step": _sequences(cfg), "lr": _lr(cfg),
         "lr_scaling": _get(cfg, "optimizer", "lr_scaling"),
         "reference_sequences": _get(cfg, "optimizer", "reference_sequences"),
+        "status": (run.summary or {}).get("status"),
+        "stop_code": (run.summary or {}).get("stop_code"),
     }
 
 

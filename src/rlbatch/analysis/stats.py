@@ -1,5 +1,10 @@
 """Seed-bootstrap statistics per configuration, with censored runs.
 
+T is the decision rule's T = N*/q: the median N* across seeds over the median q, where a
+run's q is measured over the same span as its N* (samples to target / training seconds to
+target). So the T ratio of two configurations is their N* ratio over their q ratio, in the
+point estimate and in every bootstrap resample.
+
 The unit of resampling is the run (seed): each configuration draws its own `n_boot` x n
 index matrix from a numpy Generator seeded by (seed, crc32(config id)), so results do not
 depend on which other configurations are analysed, and N*, T and q of one configuration are
@@ -85,33 +90,44 @@ def _nanmedian_rows(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ConfigBoot:
-    """Bootstrap distributions (length n_boot) of one configuration's medians across seeds:
-    N* and T at censored-lower-bound (`*_lo`) and censored-at-infinity (`*_hi`), and q."""
+    """Bootstrap distributions (length n_boot) of one configuration across seeds: median N*
+    with censored runs at their lower bound (`nstar_lo`) and at +inf (`nstar_hi`), median q
+    over the span to the target (`q`), and T = median N* / median q (`time_lo`, `time_hi`)."""
 
     config: str
     n: int
     nstar_lo: np.ndarray
     nstar_hi: np.ndarray
-    time_lo: np.ndarray
-    time_hi: np.ndarray
     q: np.ndarray
+
+    @property
+    def time_lo(self) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self.nstar_lo / self.q
+
+    @property
+    def time_hi(self) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self.nstar_hi / self.q
+
+
+def _q(runs: list[dict]) -> np.ndarray:
+    """Per run q over the span to the target (whole-run q for a censored run); NaN if unknown."""
+    return np.asarray([np.nan if r.get("throughput_to_target") is None
+                       else r["throughput_to_target"] for r in runs], dtype=np.float64)
 
 
 def config_boot(config: str, runs: list[dict], n_boot: int, seed: int) -> ConfigBoot:
-    """Resample the runs (dicts from crossing.run_result) of one configuration."""
-    cens = [r["censored"] for r in runs]
-    n_lo, n_hi = censored_bounds([r["samples_to_target"] for r in runs], cens,
+    """Resample the runs (dicts from crossing.run_result) of one configuration; N* and q of a
+    run are drawn together (paired)."""
+    n_lo, n_hi = censored_bounds([r["samples_to_target"] for r in runs],
+                                 [r["censored"] for r in runs],
                                  [r["last_samples"] for r in runs])
-    t_cens = [c or r["time_to_target"] is None for c, r in zip(cens, runs)]
-    t_lo, t_hi = censored_bounds([r["time_to_target"] for r in runs], t_cens,
-                                 [r["last_train_s"] for r in runs])
-    q = np.asarray([np.nan if r["throughput"] is None else r["throughput"] for r in runs])
     idx = boot_indices(len(runs), n_boot, seed, config)
     return ConfigBoot(
         config=config, n=len(runs),
         nstar_lo=np.median(n_lo[idx], axis=1), nstar_hi=np.median(n_hi[idx], axis=1),
-        time_lo=np.median(t_lo[idx], axis=1), time_hi=np.median(t_hi[idx], axis=1),
-        q=_nanmedian_rows(q[idx]),
+        q=_nanmedian_rows(_q(runs)[idx]),
     )
 
 
@@ -121,24 +137,33 @@ def median_summary(values, censored, lower) -> dict:
     return {"median": finite_or_none(np.median(hi)), "lower_bound": finite_or_none(np.median(lo))}
 
 
+def _div(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else finite_or_none(a / b)
+
+
 def config_stats(runs: list[dict], boot: ConfigBoot, ci: float) -> dict:
-    """Medians across seeds and their bootstrap intervals for N*, T and q of one config."""
+    """Medians across seeds and their bootstrap intervals for N*, q and T = N*/q of one
+    configuration. `time_to_target` is the decision rule's T (median N* / median q, q over
+    the span to the target), so comparing T is the same as comparing q ratio with N* ratio;
+    `time_to_target_measured` is the median of the runs' interpolated training seconds."""
     cens = [r["censored"] for r in runs]
-    t_cens = [c or r["time_to_target"] is None for c, r in zip(cens, runs)]
     nstar = median_summary([r["samples_to_target"] for r in runs], cens,
                            [r["last_samples"] for r in runs])
-    time = median_summary([r["time_to_target"] for r in runs], t_cens,
-                          [r["last_train_s"] for r in runs])
-    qs = [r["throughput"] for r in runs if r["throughput"] is not None]
+    q = _q(runs)
+    q_med = float(np.nanmedian(q)) if np.isfinite(q).any() else None
+    measured = median_summary([r["time_to_target"] for r in runs],
+                              [c or r["time_to_target"] is None for c, r in zip(cens, runs)],
+                              [r["last_train_s"] for r in runs])
     return {
         "samples_to_target": nstar["median"],
         "samples_to_target_lower_bound": nstar["lower_bound"],
         "samples_to_target_ci": interval(boot.nstar_lo, boot.nstar_hi, ci),
-        "time_to_target": time["median"],
-        "time_to_target_lower_bound": time["lower_bound"],
+        "throughput": q_med,
+        "throughput_ci": interval(boot.q, boot.q, ci) if q_med is not None else [None, None],
+        "time_to_target": _div(nstar["median"], q_med),
+        "time_to_target_lower_bound": _div(nstar["lower_bound"], q_med),
         "time_to_target_ci": interval(boot.time_lo, boot.time_hi, ci),
-        "throughput": float(np.median(qs)) if qs else None,
-        "throughput_ci": interval(boot.q, boot.q, ci) if qs else [None, None],
+        "time_to_target_measured": measured["median"],
         "censored_runs": int(sum(cens)),
     }
 
@@ -154,20 +179,28 @@ def log_ratio_bounds(cand: ConfigBoot, ref: ConfigBoot) -> tuple[np.ndarray, np.
     return _log_ratio(cand.nstar_lo, ref.nstar_hi), _log_ratio(cand.nstar_hi, ref.nstar_lo)
 
 
+def _ratio_ci(lo: np.ndarray, hi: np.ndarray, ci: float) -> list:
+    a, b = raw_interval(lo, hi, ci)
+    return [finite_or_none(math.exp(x)) if not math.isnan(x) else None for x in (a, b)]
+
+
 def compare(cand: ConfigBoot, base: ConfigBoot, ci: float) -> dict:
-    """Candidate vs baseline: log N* ratio, N* ratio, q ratio (intervals at `ci`) and the
-    bootstrap probability that the candidate's median T is lower. For that probability a
-    censored candidate counts at +inf and a censored baseline at its lower bound
-    (conservative for the candidate)."""
+    """Candidate vs baseline, each ratio cand/base with its interval at `ci`: N* ratio (also
+    as a log, for the invariance verdict), q ratio and T ratio (T = N*/q, so the T ratio is
+    the N* ratio over the q ratio in every resample). `p_faster` is the share of resamples in
+    which the candidate's T is lower, counting a censored candidate run at +inf and a
+    censored baseline run at its lower bound (conservative for the candidate)."""
     lo, hi = log_ratio_bounds(cand, base)
     log_lo, log_hi = raw_interval(lo, hi, ci)
     with np.errstate(divide="ignore", invalid="ignore"):
         q_ratio = cand.q / base.q
+    t_lo, t_hi = _log_ratio(cand.time_lo, base.time_hi), _log_ratio(cand.time_hi, base.time_lo)
     return {
         "log_samples_ratio_raw": (log_lo, log_hi),
         "log_samples_ratio_ci": [finite_or_none(log_lo), finite_or_none(log_hi)],
         "samples_ratio_ci": [finite_or_none(math.exp(x)) if not math.isnan(x) else None
                              for x in (log_lo, log_hi)],
         "throughput_ratio_ci": interval(q_ratio, q_ratio, ci),
+        "time_ratio_ci": _ratio_ci(t_lo, t_hi, ci),
         "p_faster": float(np.mean(cand.time_hi < base.time_lo)),
     }

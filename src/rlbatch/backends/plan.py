@@ -20,7 +20,7 @@ step; OpenRLHF, TRL: per optimizer step; prime-rl: per trainer step = rollout st
 warm-up or a step budget defined in steps is converted through samples:
 `W_cand = round(W_base x samples_per_scheduler_step_base / samples_per_scheduler_step_cand)`.
 Deviation: the critic (PPO) gets the same LR rule and keeps its own k; the paper notes the
-critic may need its own batch size (DESIGN.md), which `plan` does not choose.
+critic may need its own batch size (docs/design.md), which `plan` does not choose.
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ def _timed_trainer_class():
             self._prep_s = self._rollout_s = 0.0
 
         def _now(self) -> float:
-            self._sync()  # device sync at phase boundaries (house rule 6)
+            self._sync()  # device sync at phase boundaries (docs/design.md, house rule 6)
             return time.perf_counter()
 
         def _add(self, name: str, seconds: float) -> None:
@@ -513,6 +513,9 @@ class TRLRun:
         while st.c["samples"] >= st.c["next_eval"]:
             self.evaluate()
         st.update_status(row)
+        if st.needs_final_eval():
+            self.evaluate()
+            st.after_final_eval()
         if st.status != "running":
             control.should_training_stop = True
         if st.due_checkpoint() or st.status != "running":

@@ -9,7 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlbatch.analysis.figures import short_labels
 from rlbatch.cli.common import print_json
+from rlbatch.cli.decision_text import decision_lines
 
 
 def _fmt(x, spec: str = ".4g") -> str:
@@ -32,19 +34,27 @@ def _median_cell(e: dict, key: str) -> str:
     return f"{_num(e[key])} [{_num(lo)}-{'inf' if hi is None else _num(hi)}]"
 
 
+def _target_text(t: dict) -> str:
+    op = ">=" if t["direction"] == "higher" else "<="
+    if t.get("gain") is not None:
+        thr = t.get("thresholds") or []
+        at = f" = {thr[0]:.4g}" if len(thr) == 1 else ""
+        return f"{t['metric']} {op} start + {t['gain']:g}{at}"
+    return f"{t['metric']} {op} {t['value']:g}"
+
+
 def render_table(doc: dict) -> Table:
-    """Rich table of the analysis document (renders only; every number comes from `doc`)."""
-    t = doc["target"]
-    table = Table(title=f"time to target {t['metric']} {'>=' if t['direction'] == 'higher' else '<='}"
-                        f" {t['value']:g}: medians across seeds "
-                        f"[{doc['settings']['ci']:.0%} bootstrap interval]")
-    for col in ("configuration", "B", "LR", "seeds", "N* samples", "T seconds", "q samples/s",
-                "verdict"):
-        left = col in ("configuration", "verdict")
+    """Rich table of the analysis document (renders only; every number comes from `doc`).
+    Short configuration labels keep it readable at 80 columns; full ids are in --json."""
+    labels = short_labels(doc["configs"])
+    table = Table(title=f"time to target {_target_text(doc['target'])}: medians across seeds "
+                        f"[{doc['settings']['ci']:.0%} interval]")
+    for col in ("config", "seeds", "N* samples", "T s", "q/s", "verdict"):
+        left = col in ("config", "verdict")
         table.add_column(col, justify="left" if left else "right", overflow="fold")
     for e in doc["configs"]:
-        table.add_row(e["config"], _fmt(e["sequences_per_step"], "d"), _fmt(e["lr"], ".3g"),
-                      str(e["seeds"]), _median_cell(e, "samples_to_target"),
+        table.add_row(labels[e["config"]], str(e["seeds"]),
+                      _median_cell(e, "samples_to_target"),
                       _median_cell(e, "time_to_target"), _num(e["throughput"]), e["verdict"])
     return table
 
@@ -52,21 +62,13 @@ def render_table(doc: dict) -> Table:
 def summary_lines(doc: dict) -> list[str]:
     """The plain-text lines printed under the table."""
     cb = doc["critical_batch"]
-    lines = [f"reference: {doc['reference']['config']} ({doc['reference']['why']})"]
-    crit = cb["critical_batch_divergence"]
+    labels = short_labels(doc["configs"])
+    lines = [f"reference: {labels[doc['reference']['config']]} ({doc['reference']['why']})"]
+    crit = cb["critical_batch_departure"]
     note = " (every tested B aligned: a lower bound)" if cb["lower_bound_only"] else ""
-    lines.append(f"critical batch (divergence sense): {_fmt(crit, 'd')}{note}")
+    lines.append(f"critical batch (departure sense): {_fmt(crit, 'd')}{note}")
     lines.append(f"B_crit (McCandlish 50%-efficiency fit): {_num(cb['b_crit_mccandlish'])}")
-    rec = doc["recommendation"]
-    if rec is None:
-        lines.append("recommendation: none (no aligned configuration reached the target)")
-    elif rec["is_reference"]:
-        lines.append(f"recommendation: keep the reference {rec['config']}")
-    else:
-        lines.append(f"recommendation: {rec['config']} (B={_fmt(rec['sequences_per_step'], 'd')}, "
-                     f"lr={_fmt(rec['lr'], '.3g')}): T={rec['time_to_target']:.4g} s, "
-                     f"{_fmt(rec['speedup_vs_reference'], '.3g')}x faster than the reference, "
-                     f"P(faster)={rec['p_faster_than_reference']:.2f}")
+    lines += decision_lines(doc)
     return lines
 
 
@@ -77,8 +79,8 @@ def analyze(
                    "config target"),
     reference: str | None = typer.Option(None, help="run directory of the reference "
                                                        "configuration (default: B == B0)"),
-    margin: float = typer.Option(round(math.log(1.15), 4),
-                                 help="equivalence margin m on log(N* ratio)"),
+    margin: float = typer.Option(math.log(1.15),
+                                 help="equivalence margin m on log(N* ratio); log(1.15)"),
     ci: float = typer.Option(0.90, help="bootstrap interval level"),
     bootstrap: int = typer.Option(2000, help="bootstrap resamples"),
     seed: int = typer.Option(0, help="bootstrap seed"),
@@ -86,7 +88,7 @@ def analyze(
     as_json: bool = typer.Option(False, "--json", help="print one JSON document (last line)"),
 ) -> None:
     """Samples and time to target per configuration, invariance verdicts vs the reference,
-    critical batch (divergence sense) and the recommended configuration."""
+    critical batch (departure sense) and the recommended configuration."""
     from rlbatch.analysis.analyze import analyze as run_analysis
     from rlbatch.analysis.analyze import config_target
     from rlbatch.analysis.crossing import parse_target
@@ -106,7 +108,7 @@ def analyze(
     console = Console()
     console.print(render_table(doc))
     for line in summary_lines(doc):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
 
 
 

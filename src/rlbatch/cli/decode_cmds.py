@@ -42,6 +42,8 @@ def decode_bench(
     min_sequences: int = typer.Option(
         64, help="sequences per C: the smallest multiple of C that is >= this"),
     device: str = typer.Option("auto", help="auto | cpu | cuda[:i]"),
+    dtype: str = typer.Option("auto", help="weights and KV cache: auto (as from_pretrained "
+                              "loads the checkpoint) | float32 | bfloat16"),
     threads: int | None = typer.Option(None, help="torch intra-op threads (default: torch's)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
@@ -66,7 +68,7 @@ def decode_bench(
             bar.update(task, advance=1, c=nxt[0] if nxt else c)
 
         result = run_decode_bench(model, engine, spec, device=device, threads=threads,
-                                  progress=progress)
+                                  progress=progress, dtype=None if dtype == "auto" else dtype)
     if as_json:
         print_json(result)
         return

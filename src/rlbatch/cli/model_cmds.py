@@ -1,4 +1,5 @@
-"""`rlbatch model build`: build (or load from cache) the warm-started tiny default model."""
+"""`rlbatch model build`: build (or load from cache) the warm-started tiny default model, or
+with `--random` a randomly initialized throughput-only model (`rollout.random_model`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from rich.console import Console
 
 from rlbatch.cli.common import print_json
 
-model_app = typer.Typer(help="The built-in tiny default model.", no_args_is_help=True)
+model_app = typer.Typer(help="The built-in tiny default model and random throughput models.",
+                        no_args_is_help=True)
 err = Console(stderr=True)
 
 
@@ -17,10 +19,27 @@ def build(
     digits: int = typer.Option(None, help="difficulty (default 3 for addition, 6 for reverse)"),
     force: bool = typer.Option(False, "--force", help="rebuild even if cached"),
     as_json: bool = typer.Option(False, "--json"),
+    random: bool = typer.Option(False, "--random", help="a randomly initialized Llama for "
+                                "throughput figures only (no SFT, no download)"),
+    size: str = typer.Option(None, help="with --random: tiny | 0.5b (default tiny)"),
+    layout: str = typer.Option(None, help="with --random: hidden=..,layers=..,heads=..,"
+                               "kv_heads=..,mlp=..,vocab=..[,tie=1]"),
+    dtype: str = typer.Option("float32", help="with --random: saved dtype, float32 | bfloat16"),
+    seed: int = typer.Option(0, help="with --random: initialization seed"),
+    out: str = typer.Option(None, help="with --random: write here instead of the cache"),
 ) -> None:
     """Build the tiny Llama model + tokenizer offline and warm-start it on the task by SFT
-    until held-out accuracy is in the warm-start band; print parameters, time, accuracy."""
+    until held-out accuracy is in the warm-start band; print parameters, time, accuracy.
+    With --random: build a random model of --size or --layout instead (throughput only)."""
     import shutil
+
+    if random:
+        _build_random(size, layout, dtype, seed, out, force, as_json)
+        return
+    if size or layout or out:
+        from rlbatch.core.errors import ConfigError
+
+        raise ConfigError("--size, --layout and --out need --random")
 
     from rlbatch.core.config import DEFAULT_DIGITS
     from rlbatch.core.errors import ConfigError
@@ -55,6 +74,30 @@ def build(
           f"starting accuracy: {out['accuracy']:.3f} on {out['eval_prompts']} held-out prompts "
           f"(band {recipe.band_low}-{recipe.band_high}, in band: {out['in_band']})\n"
           f"per-position accuracy: {[round(x, 3) for x in out['position_accuracy']]}")
+
+
+def _build_random(size, layout, dtype, seed, out, force, as_json) -> None:
+    from pathlib import Path
+
+    from rlbatch.rollout.random_model import layout_for, random_model_path
+    from rlbatch.rollout.tiny_model import read_build_facts
+
+    name, lay = layout_for(size, layout)
+    with err.status(f"building random {name} model..."):
+        path, cached = random_model_path(name, lay, seed=seed, dtype=dtype,
+                                         out=Path(out) if out else None, force=force)
+    facts = read_build_facts(path)
+    result = {"path": str(path), "cached": cached, "random": True, "size": name,
+              "layout": facts["layout"], "dtype": facts["dtype"], "seed": facts["seed"],
+              "parameters": facts["parameters"], "build_s": facts["build_s"]}
+    if as_json:
+        print_json(result)
+        return
+    lay_text = ", ".join(f"{k} {v}" for k, v in facts["layout"].items())
+    print(f"model: {path}{' (cached)' if cached else ''}\n"
+          f"random {name} ({facts['dtype']}, seed {facts['seed']}): {lay_text}\n"
+          f"parameters: {facts['parameters']:,}  build: {facts['build_s']:.1f} s "
+          "(throughput figures only: the weights are untrained)")
 
 
 def register(app: typer.Typer) -> None:

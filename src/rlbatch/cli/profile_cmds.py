@@ -10,6 +10,7 @@ from rich.live import Live
 from rich.table import Table
 
 from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
+from rlbatch.cli.decision_text import decision_lines
 from rlbatch.core.errors import ConfigError
 
 err = Console(stderr=True)
@@ -32,7 +33,7 @@ def _table(rows: list[dict], metric: str) -> Table:
     for col in ("trial", "B", "lr", "samples", metric, "status"):
         t.add_column(col, justify="right" if col not in ("trial", "status") else "left")
     for r in rows:
-        status = r["status"] + (" (stopped)" if r.get("stop_reason") else "")
+        status = r["status"] + (f" ({r['stop_code']})" if r.get("stop_code") else "")
         m = r["metric"]
         t.add_row(r["trial"], str(r["B"]), f"{r['lr']:.3g}", f"{r['samples']:,}",
                   "-" if m is None else f"{m:.3f}", status)
@@ -91,18 +92,11 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
         print_json({"profile_dir": out_dir, "decision": d, "cost": cost, "problem": doc["problem"]})
         return
     print(f"profile: {out_dir}/profile.json")
-    if d is None:
-        print(f"no recommendation: {doc['problem'] or 'no aligned configuration reached the target'}")
+    if doc["analysis"] is None:
+        print(f"decision: none ({doc['problem']})")
     else:
-        speed = d.get("speedup_vs_reference")
-        p = d.get("p_faster_than_reference")
-        print(f"recommendation: P={d['prompts_per_step']} G={d['samples_per_prompt']} "
-              f"(B={d['sequences_per_step']}), lr={d['lr']:.3g}, C={d['generation_concurrency']}")
-        if d.get("is_reference"):
-            print("the baseline itself is fastest among aligned configurations")
-        elif speed:
-            print(f"time to target {d['time_to_target']:.1f} s: {speed:.2f}x faster than the "
-                  f"baseline (bootstrap P(faster) = {p if p is None else round(p, 2)})")
+        for line in decision_lines(doc["analysis"], doc["decode"]["chosen"]):
+            print(line)
     m = cost.get("multiple_of_baseline_time_to_target")
     print(f"profiling cost: {cost['total_s']:.1f} training seconds"
           + (f" = {m:.2f}x one baseline run's time to target" if m else ""))

@@ -73,8 +73,15 @@ def train(
     print(f"run: {run_dir}\nstatus: {summary['status']}  steps: {summary['steps']}  "
           f"samples: {summary['samples']:,}  train_s: {summary['train_s']:.1f}  "
           f"throughput: {summary['throughput'] or 0:.0f} samples/s\n"
-          f"target {t['metric']} >= {t['value']}: {crossing}; last {t['metric']}: "
+          f"target {t['metric']} >= {_threshold(t)}: {crossing}; last {t['metric']}: "
           f"{last.get(t['metric'])}")
+
+
+def _threshold(t: dict) -> str:
+    if t.get("gain") is None:
+        return f"{t['value']}"
+    thr = t.get("threshold")
+    return f"start + {t['gain']}" + ("" if thr is None else f" = {thr:.4g}")
 
 
 def _build_printer():

@@ -1,6 +1,6 @@
-"""Validated, frozen run configuration (house rule 4: the config you log is the config you ran).
+"""Validated, frozen run configuration (docs/design.md, house rule 4: the config you log is the config you ran).
 
-Vocabulary follows DESIGN.md: every batch quantity carries its unit in its name
+Vocabulary follows docs/design.md: every batch quantity carries its unit in its name
 (`prompts_per_step` P, `samples_per_prompt` G, derived `sequences_per_step` B = P*G).
 Derived values (B, optimizer updates per step, the scaled learning rates and Adam
 hyper-parameters) are computed once here and logged with the config under `derived:`.
@@ -116,6 +116,10 @@ class RolloutConfig(_Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     engine: Literal["builtin", "hf", "vllm"] = "builtin"
+    simulated_latency_s: float = Field(
+        0.0, ge=0, le=3600, description="seconds of sleep added to every rollout step (counted "
+        "in time/rollout), as a remote generation service or weight sync would cost; 0 = off. "
+        "For what-if studies and tests of the decision")
 
 
 class EvalConfig(_Strict):
@@ -127,17 +131,30 @@ class EvalConfig(_Strict):
 
 
 class TargetConfig(_Strict):
+    """The score to reach: absolute (`value`) or relative to the start (`gain` over the run's
+    step-0 evaluation; `value` must then be null). `rlbatch profile` turns a gain into one
+    absolute value for all its trials from the baseline model's step-0 evaluation."""
+
     metric: str = "eval/accuracy"
-    value: float = 0.5
+    value: float | None = Field(0.5, description="absolute target (null when `gain` is set)")
+    gain: float | None = Field(None, gt=0, description="relative target: step-0 value + gain")
 
     @model_validator(mode="after")
-    def _inside_range(self) -> "TargetConfig":
+    def _one_kind(self) -> "TargetConfig":
+        if (self.value is None) == (self.gain is None):
+            raise ValueError("give exactly one of target.value (absolute) and target.gain "
+                             "(relative to the step-0 evaluation); set the other to null")
+        if self.value is not None and not math.isfinite(self.value):
+            raise ValueError(f"target.value must be finite, got {self.value}")
         bounds = BOUNDED_METRICS.get(self.metric)
-        if bounds and not (bounds[0] < self.value <= bounds[1]):
+        if bounds and self.value is not None and not (bounds[0] < self.value <= bounds[1]):
             raise ValueError(
                 f"target.value {self.value} is outside the range of {self.metric} "
                 f"({bounds[0]}, {bounds[1]}]"
             )
+        if bounds and self.gain is not None and self.gain >= bounds[1] - bounds[0]:
+            raise ValueError(f"target.gain {self.gain} cannot be reached: {self.metric} spans "
+                             f"{bounds[0]}..{bounds[1]}")
         return self
 
 
@@ -161,17 +178,23 @@ class NonFiniteConfig(_Strict):
 
 
 class ProfileConfig(_Strict):
-    """`rlbatch profile`: the candidates and the procedure's settings (DESIGN.md)."""
+    """`rlbatch profile`: the candidates and the procedure's settings (docs/design.md)."""
 
     prompts_per_step: list[int] = Field(
         [8, 32, 64], description="candidate P values (B = P x G); the baseline P0 = B0 / G is "
         "always run")
     seeds: int = Field(1, gt=0, description="seeds per configuration")
-    confirm_seeds: int = Field(0, ge=0, description="extra seeds for the winner and baseline")
+    confirm_seeds: int = Field(1, ge=0, description="extra seeds for the baseline and the "
+                               "challenger (the most promising candidate), so that the "
+                               "decision compares configurations with >= 2 seeds")
     fixed_lr_control: bool = Field(True, description="also run 2 x B0 with the unscaled LR")
     concurrency: list[int] = Field([16, 64, 256], description="decode sweep; [] = keep C")
-    early_stop: bool = Field(True, description="stop candidates that diverged or cannot win")
-    margin: float = Field(0.13976, gt=0, description="equivalence margin on log N* ratio")
+    early_stop: bool = Field(True, description="stop candidates that missed the crossing or cannot win")
+    min_evaluations: int = Field(10, ge=1, description="evaluations the baseline's N* must "
+                                 "be resolved by (else the profile refuses and names the "
+                                 "interval to set)")
+    margin: float = Field(math.log(1.15), gt=0,
+                          description="equivalence margin on log N* ratio (log 1.15)")
     workers: int = Field(1, gt=0)
 
     @model_validator(mode="after")
@@ -201,6 +224,7 @@ class Config(_Strict):
     profile: ProfileConfig = ProfileConfig()
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     output_dir: str = "runs"
     trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         [], description="metric sinks of the built-in trainer (x axis: samples); optional packages")
@@ -227,6 +251,9 @@ class Config(_Strict):
                 f"critic.minibatches_per_step ({self.critic.minibatches_per_step}) must divide "
                 f"sequences_per_step ({seqs})"
             )
+        if self.target.gain is not None and not self.eval.at_start:
+            raise ValueError("target.gain is relative to the step-0 evaluation: it needs "
+                             "eval.at_start: true")
         self.optimizer.resolve_lr(seqs, "optimizer")
         if self.algorithm == "ppo":
             self.critic.resolve_lr(seqs, "critic")
@@ -289,7 +316,7 @@ class Config(_Strict):
 
 
 def scaled_lr(reference_lr: float, reference_sequences: int, sequences: int, rule: str) -> float:
-    """eta(B) = eta0 * (B / B0)^p, p from LR_EXPONENTS (DESIGN.md; Malladi et al. 2022)."""
+    """eta(B) = eta0 * (B / B0)^p, p from LR_EXPONENTS (docs/design.md; Malladi et al. 2022)."""
     if rule not in LR_EXPONENTS:
         raise ValueError(f"unknown lr_scaling {rule!r}; use one of {sorted(LR_EXPONENTS)}")
     return reference_lr * (sequences / reference_sequences) ** LR_EXPONENTS[rule]

@@ -1,4 +1,4 @@
-"""Errors that reach the user as one line and exit status 2 (house rule 10).
+"""Errors that reach the user as one line and exit status 2 (docs/design.md, house rule 10).
 
 `UserError` is for bad input: a config, dataset file, model path or log file that cannot be
 used. The CLI prints `str(error)` alone (no traceback) and exits with `EXIT_USAGE`. Anything

@@ -1,7 +1,7 @@
 """Load a `Config` from YAML files, presets and `--set a.b=c` overrides.
 
 Every value remembers where it came from (`file:line` or `--set key`), so a validation error
-is one line naming the field and its origin (house rule 10). `extends:` names a preset
+is one line naming the field and its origin (docs/design.md, house rule 10). `extends:` names a preset
 (`grpo-tiny`) or a YAML file relative to the extending file; the child is deep-merged over it.
 A `derived:` section (as written to a run's config.yaml) is ignored on load: it is recomputed.
 """

@@ -1,4 +1,4 @@
-"""The run log: the contract between trainers, ingest and analysis (DESIGN.md "The run log").
+"""The run log: the contract between trainers, ingest and analysis (docs/design.md "The run log").
 
 A run is a directory `<root>/<run_id>/` holding `config.yaml`, `manifest.json`,
 `steps.jsonl` (one row per rollout step), `evals.jsonl` (one row per evaluation) and
@@ -33,7 +33,7 @@ STEP_REQUIRED = (
     "reward/mean", "actor/lr", "actor/grad_norm", "actor/loss",
 )
 EVAL_REQUIRED = ("step", "samples", "train_s")
-STATUSES = ("running", "target_reached", "budget_exhausted", "diverged", "failed")
+STATUSES = ("running", "target_reached", "budget_exhausted", "stopped", "diverged", "failed")
 
 
 def _json_default(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Named phase timer (house rule 6: time honestly).
+"""Named phase timer (docs/design.md, house rule 6: time honestly).
 
 `with timer.phase("rollout"): ...` adds wall seconds to that phase. A `sync` callable (for
 CUDA: `torch.cuda.synchronize`) runs at both boundaries so queued device work is charged to

@@ -81,7 +81,7 @@ class LocalExecutor:
 def _run_trial_command(cmd: list[str], log_path: str, threads: int) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1", RLBATCH_THREADS=str(threads))
     with open(log_path, "ab") as log:
-        return subprocess.run(cmd, stdout=log, stderr=log, env=env,
+        return subprocess.run(check=False, args=cmd, stdout=log, stderr=log, env=env,
                               stdin=subprocess.DEVNULL).returncode
 
 

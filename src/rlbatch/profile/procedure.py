@@ -1,19 +1,28 @@
 """`rlbatch profile`: the "align, then accelerate" procedure as one resumable command.
 
-Order (DESIGN.md, with the decode sweep moved first so the alignment runs already measure the
-full loop at the chosen concurrency and no second pass is needed):
+Order (docs/design.md, Method; the decode sweep comes first so the alignment runs already
+measure the full loop at the chosen concurrency and no second pass is needed):
 1. decode-concurrency sweep, once per model and length profile (`decode.json`): C = the
    plateau (smallest C within 5% of the best tokens/s) that fits the memory budget;
-2. the baseline at (B0, eta0), all seeds;
-3. candidates with sqrt-scaled LR and the fixed-LR control at 2 x B0. With early stopping on,
-   a candidate is stopped once it has clearly diverged (no crossing by exp(margin) x the
-   baseline's largest N*: its N* ratio is then outside the equivalence margin) or once it
-   cannot beat the best time so far (its train_s passed the best T without crossing);
-4. analysis of all runs (`rlbatch analyze`): verdicts, critical batch, recommendation;
-5. confirmation: the winner and the baseline get `confirm_seeds` extra seeds, then the
-   analysis is redone;
-6. `profile.json`: the decision, its evidence and the profiling cost (all trials' training
-   seconds plus the sweep, as a multiple of one baseline run's time to target).
+2. the baseline at (B0, eta0), `profile.seeds` + `profile.confirm_seeds` seeds (it is
+   never stopped early, so its confirmation seeds run first and anchor the early stops on
+   more than one seed). Its N* must be resolved by at least
+   `profile.min_evaluations` (10) evaluations, or the profile refuses and names the cadence to
+   set; a target met by the first evaluation is "too easy" and also refused;
+3. screening: each sqrt-scaled candidate and the fixed-LR control at 2 x B0, with the
+   candidates' evaluation interval set from the baseline's N* (at most N*/10). With early
+   stopping on, a trial is stopped (and evaluated where it stops) with code
+   - `no_crossing` once its samples pass exp(margin) x the baseline's largest N* without a
+     crossing (its N* ratio is then outside the equivalence margin), or
+   - `cannot_win` once its training seconds pass the baseline's median time to target
+     without a crossing (its T is then above the baseline's);
+4. confirmation: `profile.confirm_seeds` more seeds for the challenger (the reference
+   family's configuration with the lowest time to target that could still win), so the
+   decision compares configurations with at least 2 seeds each;
+5. the analysis of all runs (the same function `rlbatch analyze` calls, with the same
+   reference, target and margin, so both give the same decision) and `profile.json`: the
+   decision with its evidence, and the profiling cost (all trials' training seconds plus the
+   sweep, as a multiple of one baseline run's time to target).
 
 Resumable: the state is the run directories plus `journal.jsonl`. Re-running the same command
 skips finished trials (without starting a process) and resumes interrupted ones from their
@@ -26,20 +35,21 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
+from rlbatch.backends.builtin.runstate import TERMINAL
 from rlbatch.core.config import Config
 from rlbatch.core.errors import UserError
 from rlbatch.core.runlog import _read_json, atomic_write_json, atomic_write_text, read_jsonl
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
 
-TERMINAL = ("target_reached", "budget_exhausted", "diverged", "failed")
 Progress = Callable[[list[dict]], None]
+Stopper = Callable[[dict], "str | None"]
 
 
 class Journal:
@@ -68,7 +78,8 @@ def _status(trial: Trial) -> dict:
             "samples": last.get("samples", 0), "train_s": last.get("train_s", 0.0),
             "metric": evals[-1].get(metric) if evals else None,
             "status": summary.get("status", "pending"), "target": summary.get("target") or {},
-            "stop_reason": summary.get("stop_reason"), "run_dir": str(d)}
+            "stop_reason": summary.get("stop_reason"), "stop_code": summary.get("stop_code"),
+            "run_dir": str(d)}
 
 
 class Driver:
@@ -81,7 +92,7 @@ class Driver:
         self.poll_s = poll_s
         self.all: list[Trial] = []
 
-    def run(self, trials: list[Trial], stopper: Callable[[dict], str | None] | None = None) -> None:
+    def run(self, trials: list[Trial], stopper: Stopper | None = None) -> None:
         for t in trials:
             if t not in self.all:
                 self.all.append(t)
@@ -102,6 +113,9 @@ class Driver:
                 if fin.returncode != 0:
                     raise UserError(f"trial {fin.name} failed (exit {fin.returncode}); "
                                     f"see {fin.log}")
+                if st["status"] not in TERMINAL:
+                    raise UserError(f"trial {fin.name} ended but {st['run_dir']} is not a "
+                                    f"finished run (status {st['status']}); see {fin.log}")
             for name in self.ex.running():
                 st = _status(by_name[name])
                 reason = stopper(st) if stopper else None
@@ -121,20 +135,21 @@ class Driver:
         self.journal.log("started", trial=t.name, run_dir=str(t.run_dir()))
 
 
-def _early_stopper(cfg: Config, finished: Callable[[], list[dict]], base_nstar: float):
-    limit = base_nstar * math.exp(cfg.profile.margin)
-
-    def stopper(st: dict) -> str | None:
-        if st["target"].get("reached"):
-            return None
-        if st["samples"] >= limit:
-            return (f"diverged: no crossing by {st['samples']} samples, beyond "
-                    f"exp(margin) x baseline N* = {limit:.0f}")
-        times = [f["target"]["train_s"] for f in finished() if f["target"].get("reached")]
-        if times and st["train_s"] > min(times):
-            return f"cannot win: train_s {st['train_s']:.1f} > best time to target {min(times):.1f}"
+def early_stop_reason(st: dict, base_median_time: float, nstar_limit: float) -> str | None:
+    """Why a running trial should stop ("<code>: <detail>"), or None. `st` is its status row
+    (samples, train_s, target.reached). Codes: `no_crossing` (past exp(margin) x the
+    baseline's largest N* without a crossing), `cannot_win` (past the baseline's median time
+    to target without a crossing). Baseline trials are never stopped: every comparison is
+    anchored on them."""
+    if st.get("kind") == "baseline" or st["target"].get("reached"):
         return None
-    return stopper
+    if st["samples"] >= nstar_limit:
+        return (f"no_crossing: no crossing by {st['samples']:,} samples, beyond exp(margin) x "
+                f"the baseline's largest N* = {nstar_limit:,.0f}")
+    if st["train_s"] > base_median_time:
+        return (f"cannot_win: {st['train_s']:.1f} training seconds without a crossing, beyond "
+                f"the baseline's median time to target {base_median_time:.1f} s")
+    return None
 
 
 def choose_concurrency(cfg: Config, out: Path, journal: Journal, batch_max: int) -> dict:
@@ -175,13 +190,61 @@ def _sweep(cfg: Config, key: dict, wanted: list[int]) -> dict:
 
 
 def _target(cfg: Config) -> Target:
-    return Target(cfg.target.metric, cfg.target.value)
+    return Target(cfg.target.metric, cfg.target.value, gain=cfg.target.gain)
 
 
-def _baseline_nstar(trials: list[Trial]) -> float | None:
-    values = [_status(t)["target"].get("samples") for t in trials]
-    values = [v for v in values if v is not None]
-    return max(values) if values else None
+def _baseline_evidence(base: list[Trial], cfg: Config) -> dict:
+    """N* and T of the baseline's runs from their logs: median T, largest N*, and the fewest
+    evaluations before a crossing; `problem` when they cannot anchor a comparison."""
+    from rlbatch.analysis.crossing import run_result
+    from rlbatch.analysis.runs import frames_from_runs
+    from rlbatch.core.runlog import read_run
+
+    frames = frames_from_runs([read_run(t.run_dir()) for t in base])
+    res = [run_result(frames.run_steps(str(t.run_dir())), frames.run_evals(str(t.run_dir())),
+                      _target(cfg)) for t in base]
+    crossed = [r for r in res if not r["censored"]]
+    out = {"runs": len(res), "reached": len(crossed), "problem": None}
+    if any(r["too_easy"] for r in res):
+        first = min(r["first_evaluation_samples"] for r in res if r["too_easy"])
+        out["problem"] = (f"target too easy: met by the first evaluation at {first:,.0f} "
+                          "samples; raise the target (or target.gain) or evaluate more often")
+        return out
+    if 2 * len(crossed) <= len(res) and len(crossed) < len(res):
+        out["problem"] = (f"the baseline reached the target in only {len(crossed)} of its "
+                          f"{len(res)} seeds (raise budget.max_samples or lower the target)")
+        return out
+    nstars = sorted(r["samples_to_target"] for r in crossed)
+    evals = min(r["evaluations_before_target"] for r in crossed)
+    out.update(median_time=statistics.median(r["time_to_target"] for r in crossed),
+               median_nstar=statistics.median(nstars), max_nstar=nstars[-1],
+               evaluations_before_target=evals)
+    need = cfg.profile.min_evaluations
+    if evals < need:
+        every = max(1, int(out["median_nstar"] // need))
+        raise UserError(
+            f"eval.every_samples: the baseline's N* (median {out['median_nstar']:,.0f} samples) "
+            f"was resolved by only {evals} evaluations (every {cfg.eval.every_samples:,} "
+            f"samples); at least {need} are needed (profile.min_evaluations): set "
+            f"eval.every_samples <= {every:,} (e.g. --set eval.every_samples={every}) and re-run")
+    return out
+
+
+def candidate_eval_every(cfg: Config, median_nstar: float) -> int:
+    """The candidates' evaluation interval: the configured one, or N*_base divided by
+    profile.min_evaluations if smaller."""
+    return max(1, min(cfg.eval.every_samples,
+                      int(median_nstar // cfg.profile.min_evaluations)))
+
+
+def challenger(result: dict) -> str | None:
+    """The configuration to confirm against the baseline (analysis.selection.challenger)."""
+    from rlbatch.analysis.selection import challenger as pick
+
+    entries = result.get("configs", [])
+    ref = next((e for e in entries if e["config"] == result["reference"]["config"]), None)
+    best = pick(entries, ref) if ref is not None else None
+    return best["config"] if best else None
 
 
 def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | None = None,
@@ -195,29 +258,36 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     p0 = baseline_prompts(cfg)
     b_max = max([p0 * 2] + list(prof.prompts_per_step)) * cfg.batch.samples_per_prompt
     decode = choose_concurrency(cfg, out, journal, b_max)
+    c = decode["chosen"]
     seeds = list(range(cfg.seed, cfg.seed + prof.seeds))
+    extra = list(range(cfg.seed + prof.seeds, cfg.seed + prof.seeds + prof.confirm_seeds))
     driver = Driver(cfg, out, executor, journal, progress, poll_s)
-    base = plan_trials(cfg, runs, decode["chosen"], seeds, kinds=("baseline",))
+    # the baseline's confirmation seeds run first: the early stops are then anchored on more
+    # than one seed of it (its median T, its largest N*), at no extra cost
+    base = plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",))
     driver.run(base)
-    nstar = _baseline_nstar(base)
-    if nstar is None:
-        return _finish(cfg, out, driver, decode, None, "baseline never reached the target")
-    cands = plan_trials(cfg, runs, decode["chosen"], seeds, kinds=("sqrt", "control"))
-    finished = lambda: [_status(t) for t in driver.all if _status(t)["status"] in TERMINAL]  # noqa: E731
-    stopper = _early_stopper(cfg, finished, nstar) if prof.early_stop else None
+    ev = _baseline_evidence(base, cfg)
+    if ev["problem"]:
+        return _finish(cfg, out, driver, decode, None, ev["problem"])
+    every = candidate_eval_every(cfg, ev["median_nstar"])
+    journal.log("baseline_measured", median_time=ev["median_time"],
+                max_nstar=ev["max_nstar"], candidate_eval_every=every)
+    cands = plan_trials(cfg, runs, c, seeds, kinds=("sqrt", "control"), eval_every=every)
+    limit = ev["max_nstar"] * math.exp(prof.margin)
+    stopper = ((lambda st: early_stop_reason(st, ev["median_time"], limit))
+               if prof.early_stop else None)
     driver.run(cands, stopper)
     result = _analyze(cfg, out, base[0])
-    rec = result.get("recommendation")
-    if prof.confirm_seeds and rec and not rec.get("is_reference"):
-        extra = list(range(cfg.seed + prof.seeds, cfg.seed + prof.seeds + prof.confirm_seeds))
-        winner = next(t for t in cands if _config_id(result, t) == rec["config"])
-        confirm = plan_trials(cfg, runs, decode["chosen"], extra, kinds=("baseline",))
-        confirm += [t for t in plan_trials(cfg, runs, decode["chosen"], extra,
-                                           kinds=(winner.kind,))
-                    if t.prompts_per_step == winner.prompts_per_step]
-        driver.run(confirm)
+    chosen = challenger(result) if extra else None
+    if chosen is not None:
+        winner = next(t for t in cands if _config_id(result, t) == chosen)
+        confirm = [t for t in plan_trials(cfg, runs, c, extra, kinds=(winner.kind,),
+                                          eval_every=every)
+                   if t.prompts_per_step == winner.prompts_per_step]
+        journal.log("confirming", challenger=chosen, trials=[t.name for t in confirm])
+        driver.run(confirm, stopper)
         result = _analyze(cfg, out, base[0])
-    return _finish(cfg, out, driver, decode, result, None)
+    return _finish(cfg, out, driver, decode, result, result.get("problem"))
 
 
 def _analyze(cfg: Config, out: Path, reference: Trial) -> dict:
@@ -245,7 +315,7 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
                     "samples_per_prompt": run_cfg["batch"]["samples_per_prompt"],
                     "sequences_per_step": rec["sequences_per_step"], "lr": rec["lr"],
                     "generation_concurrency": decode["chosen"], **rec}
-    doc = {"config": cfg.name, "target": {"metric": cfg.target.metric, "value": cfg.target.value},
+    doc = {"config": cfg.name, "target": _target(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
            "cost": cost, "analysis": result}
     atomic_write_json(out / "profile.json", doc)
@@ -259,17 +329,13 @@ def _read_run_config(entry: dict) -> dict:
 
 
 def _cost(trials: list[dict], decode: dict, result: dict | None) -> dict:
+    """Training seconds of every trial (and the decode sweep), as a multiple of one baseline
+    run's time to target (the baseline configuration's measured median)."""
     train = sum(_read_json(Path(t["run_dir"]) / "summary.json").get("train_s") or 0.0
                 for t in trials)
-    base_t = None
-    if result:
-        ref = next((e for e in result["configs"] if e["config"] == result["reference"]["config"]),
-                   None) if isinstance(result.get("reference"), dict) else None
-        base_t = ref and ref.get("time_to_target")
-    if base_t is None:
-        times = [t["target"].get("train_s") for t in trials
-                 if t["kind"] == "baseline" and t["target"].get("reached")]
-        base_t = statistics.median(times) if times else None
+    times = [t["target"].get("train_s") for t in trials
+             if t["kind"] == "baseline" and t["target"].get("reached")]
+    base_t = statistics.median(times) if times else None
     total = train + (decode.get("seconds") or 0.0)
     return {"trial_train_s": train, "decode_sweep_s": decode.get("seconds") or 0.0,
             "total_s": total, "baseline_time_to_target_s": base_t,

@@ -1,6 +1,6 @@
 """Trials of `rlbatch profile`: which runs the procedure needs, as resolved configs.
 
-Kinds (DESIGN.md "align, then accelerate"):
+Kinds (docs/design.md "align, then accelerate"):
 - `baseline`: P0 = B0 / G at eta0 (the reference every verdict compares against);
 - `sqrt`: each candidate P with eta(B) = eta0 sqrt(B/B0);
 - `control`: 2 x B0 with the unscaled eta0 (the paper's "double the batch without retuning").
@@ -54,7 +54,7 @@ def baseline_prompts(cfg: Config) -> int:
 
 
 def trial_config(cfg: Config, *, prompts: int, seed: int, rule: str, concurrency: int,
-                 runs_dir: Path, checkpoint_every: int) -> Config:
+                 runs_dir: Path, checkpoint_every: int, eval_every: int | None = None) -> Config:
     data = cfg.model_dump(mode="json")
     data.pop("profile", None)
     data["batch"]["prompts_per_step"] = prompts
@@ -64,12 +64,16 @@ def trial_config(cfg: Config, *, prompts: int, seed: int, rule: str, concurrency
     data["output_dir"] = str(runs_dir)
     data["budget"]["stop_at_target"] = True
     data["checkpoint"]["every_samples"] = checkpoint_every
+    if eval_every is not None:
+        data["eval"]["every_samples"] = eval_every
     return validate_config(data)
 
 
 def plan_trials(cfg: Config, runs_dir: Path, concurrency: int, seeds: list[int],
-                kinds: tuple[str, ...] = ("baseline", "sqrt", "control")) -> list[Trial]:
-    """Trials for the given seeds, baseline first, then candidates by increasing B."""
+                kinds: tuple[str, ...] = ("baseline", "sqrt", "control"),
+                eval_every: int | None = None) -> list[Trial]:
+    """Trials for the given seeds, baseline first, then candidates by increasing B.
+    `eval_every` replaces the evaluation interval of the candidates (not the baseline)."""
     p0 = baseline_prompts(cfg)
     prof = cfg.profile
     ckpt = cfg.checkpoint.every_samples or cfg.eval.every_samples
@@ -84,7 +88,8 @@ def plan_trials(cfg: Config, runs_dir: Path, concurrency: int, seeds: list[int],
     for kind, p, rule in specs:
         for seed in seeds:
             tc = trial_config(cfg, prompts=p, seed=seed, rule=rule, concurrency=concurrency,
-                              runs_dir=runs_dir, checkpoint_every=ckpt)
+                              runs_dir=runs_dir, checkpoint_every=ckpt,
+                              eval_every=None if kind == "baseline" else eval_every)
             label = {"baseline": "base", "sqrt": "sqrt", "control": "fixed-lr"}[kind]
             trials.append(Trial(f"{label}-P{p}-s{seed}", kind, p, seed, tc))
     return trials

@@ -1,4 +1,4 @@
-"""Report layer: HTML / Markdown from analysis results (DESIGN.md "Layers"). Renders only:
+"""Report layer: HTML / Markdown from analysis results (docs/design.md "Layers"). Renders only:
 figure data comes from `rlbatch.analysis.figures`; matplotlib is imported lazily (Agg).
 
 - `inputs`: profile.json and/or run directories -> analysis document, run frames, profile.

@@ -90,7 +90,9 @@ def load_inputs(paths: list[str], target: str | None = None,
     if target is not None:
         tgt = parse_target(target)
     elif profile and isinstance(profile.get("target"), dict):
-        tgt = Target(profile["target"]["metric"], float(profile["target"]["value"]))
+        t = profile["target"]
+        tgt = Target(t["metric"], None if t.get("value") is None else float(t["value"]),
+                     gain=None if t.get("gain") is None else float(t["gain"]))
     else:
         tgt = config_target(frames)
     doc = analyze_frames(frames, tgt, reference_run=reference)

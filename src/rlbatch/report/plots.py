@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import io
 
-VERDICT_MARKERS = {"reference": "*", "aligned": "o", "diverged": "X", "inconclusive": "s"}
+VERDICT_MARKERS = {"reference": "*", "aligned": "o", "departed": "X", "inconclusive": "s",
+                   "unconfirmed": "d", "slower": "v", "too_easy": "P"}
+VERDICT_COLORS = (("aligned", "tab:blue"), ("departed", "tab:red"), ("inconclusive", "tab:gray"),
+                  ("unconfirmed", "tab:olive"), ("slower", "tab:orange"),
+                  ("too_easy", "tab:purple"))
 PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "actor": "#54a24b",
                 "critic": "#e45756", "other": "#b0b0b0", "reference": "#72b7b2",
                 "noise_scale": "#b279a2"}
@@ -60,7 +64,8 @@ def invariance(d: dict):
         ax.plot(c["x"], c["mean"], color=color, lw=2.6 if ref else 1.4,
                 label=_t(f"{c['label']} [{c['verdict']}, {c['seeds']} seed(s)]"))
         ax.fill_between(c["x"], c["lo"], c["hi"], color=color, alpha=0.18, lw=0)
-    ax.axhline(d["target"], color="k", ls="--", lw=1, label=_t(f"target {d['target']:g}"))
+    if d["target"] is not None:
+        ax.axhline(d["target"], color="k", ls="--", lw=1, label=_t(f"target {d['target']:.4g}"))
     ax.set_xlabel(X_LABELS.get(d["x"], _t(d["x"])))
     ax.set_ylabel(_t(d["metric"]))
     ax.grid(alpha=0.3)
@@ -83,9 +88,9 @@ def _scaling_panel(ax, d: dict, key: str, ylabel: str) -> None:
             if p[key] is None and p[f"{key}_lower_bound"] is not None:
                 ax.plot(p["sequences_per_step"], p[f"{key}_lower_bound"], marker="^",
                         color=color, ms=9, ls="none")
-    if d.get("critical_batch_divergence"):
-        ax.axvline(d["critical_batch_divergence"], color="tab:green", ls=":",
-                   label=f"critical batch (divergence) {d['critical_batch_divergence']}")
+    if d.get("critical_batch_departure"):
+        ax.axvline(d["critical_batch_departure"], color="tab:green", ls=":",
+                   label=f"critical batch (departure) {d['critical_batch_departure']}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("B (sequences per step)")
     ax.set_ylabel(ylabel)
@@ -98,7 +103,8 @@ def scaling(d: dict):
     _scaling_panel(a1, d, "samples_to_target", "N* (samples to target)")
     _scaling_panel(a2, d, "time_to_target", "T (training seconds to target)")
     a1.legend(fontsize=7)
-    note = "markers: * reference, o aligned, X diverged, s inconclusive, ^ censored (> bound)"
+    note = ("markers: * reference, o aligned, X departed, s inconclusive, d unconfirmed, "
+            "v slower, ^ censored (> bound)")
     if d.get("b_crit_mccandlish"):
         note += f"; McCandlish B_crit {d['b_crit_mccandlish']:.4g}"
     fig.suptitle(note, fontsize=8)
@@ -114,8 +120,7 @@ def decision_rule(d: dict):
     ax.plot([lo, hi], [lo, hi], color="k", lw=1, label="break-even y = x")
     ax.fill_between([lo, hi], [lo, hi], [hi, hi], color="tab:green", alpha=0.08,
                     label="faster than the reference (above y = x)")
-    for verdict, color in (("aligned", "tab:blue"), ("diverged", "tab:red"),
-                           ("inconclusive", "tab:gray")):
+    for verdict, color in VERDICT_COLORS:
         pts = [p for p in d["points"] if p["verdict"] == verdict]
         for i, p in enumerate(pts):
             ax.errorbar(p["samples_ratio"], p["throughput_ratio"],
@@ -218,7 +223,8 @@ def lr_control(pairs: list):
             if c:
                 a1.plot(c["x"], c["mean"], color=color, label=_t(p[side]["label"]))
                 a1.fill_between(c["x"], c["lo"], c["hi"], color=color, alpha=0.18, lw=0)
-        a1.axhline(p["target"], color="k", ls="--", lw=1)
+        if p["target"] is not None:
+            a1.axhline(p["target"], color="k", ls="--", lw=1)
         a1.set_xlabel(X_LABELS["samples"])
         a1.set_ylabel(_t(p["metric"]))
         a1.set_title(f"B = {p['sequences_per_step']}: fixed LR vs sqrt-scaled", fontsize=9)

@@ -64,10 +64,18 @@ def decision_lines(d: dict) -> list[str]:
               f"{num(d['sequences_per_step'])}), LR = {num(d['lr'], '.3g')}, decode "
               f"concurrency C = {num(d['generation_concurrency'])} ({d['label']})."),
              (f"Target: {t['metric']} {'>=' if t['direction'] == 'higher' else '<='} "
-              f"{t['value']:g}.")]
+              + (f"{t['value']:g}." if t.get("value") is not None else
+                 f"the step-0 evaluation + {t['gain']:g}."))]
+    why = {"established": "an aligned candidate is faster across seeds",
+           "none_faster": "no candidate is faster than the baseline",
+           "not_enough": "the evidence is not enough to prefer a candidate"}
+    lines.append(f"Evidence: {d.get('evidence')} ({why.get(d.get('evidence'), '-')}); "
+                 f"compared: {', '.join(d.get('compared') or []) or 'none with 2 seeds'}.")
+    if d.get("next"):
+        lines.append(f"Next: {d['next']}.")
     if d["is_reference"]:
-        lines.append(f"The reference configuration itself is fastest among the aligned ones: "
-                     f"T = {num(d['time_to_target'])} s {interval(d['time_to_target_ci'])}.")
+        lines.append(f"Keep the baseline: T = {num(d['time_to_target'])} s "
+                     f"{interval(d['time_to_target_ci'])}.")
         return lines
     lines.append(f"Measured time to target: {num(d['time_to_target'])} s "
                  f"{interval(d['time_to_target_ci'])} against the reference's "
@@ -90,9 +98,9 @@ def summary_lines(data: dict) -> list[str]:
               f"equivalence margin x{s['margin_ratio']:.4g} on N*; smoothing: "
               f"{s['smoothing']}.")]
     if cb:
-        crit = cb.get("critical_batch_divergence")
+        crit = cb.get("critical_batch_departure")
         note = " (every tested B aligned: a lower bound)" if cb.get("lower_bound_only") else ""
-        lines.append(f"Critical batch (divergence sense): {num(crit)}{note}; first B not "
+        lines.append(f"Critical batch (departure sense): {num(crit)}{note}; first B not "
                      f"aligned: {num(cb.get('first_not_aligned_batch'))}. McCandlish B_crit "
                      f"(50%-efficiency fit): {num(cb.get('b_crit_mccandlish'))}; Zhang 20% CBS "
                      f"(model-implied): {num(cb.get('cbs_zhang_20pct_model'))}.")

@@ -1,7 +1,7 @@
 """Decode throughput against generation concurrency C, with a measured roofline.
 
 Implements the "raise decode concurrency until throughput plateaus, latency is unacceptable or
-KV memory runs out" step of the paper's procedure (DESIGN.md; arXiv 2608.29296): generation is
+KV memory runs out" step of the paper's procedure (docs/design.md, Method; arXiv 2608.29296): generation is
 memory-bandwidth bound at low C and larger active decode batches raise throughput until compute
 or KV-cache memory limits. For each C the engine decodes `sequences(C)` random prompts of
 `prompt_tokens` tokens for exactly `new_tokens` tokens each (EOS disabled), one untimed warm-up
@@ -239,12 +239,14 @@ def _time_concurrency(engine, prompts, params, c, reps, generator) -> list[float
 
 
 def sweep_concurrency(engine, shape: ModelShape, vocab_ids: torch.Tensor, spec: BenchSpec,
-                      probes: dict, progress: Callable[[int, dict], None] | None = None
-                      ) -> dict:
+                      probes: dict, progress: Callable[[int, dict], None] | None = None,
+                      engine_generator: torch.Generator | None = None) -> dict:
     """Run the sweep over spec.concurrency with `engine` (EOS disabled by the caller).
 
     Returns {kv_bytes_per_sequence, max_concurrency_in_budget, rows, plateau_concurrency,
-    stopped_by}; `progress(c, row)` is called after each measured C.
+    stopped_by}; `progress(c, row)` is called after each measured C. Prompts are drawn on the
+    CPU; sampling uses `engine_generator` (it must live on the model's device: a CPU
+    generator cannot drive CUDA sampling), by default the prompts' CPU generator.
     """
     tokens = spec.prompt_tokens + spec.new_tokens
     kv_seq = shape.kv_bytes_per_sequence(tokens)
@@ -252,6 +254,7 @@ def sweep_concurrency(engine, shape: ModelShape, vocab_ids: torch.Tensor, spec: 
     ctx = spec.prompt_tokens + spec.new_tokens / 2
     params = SamplingParams(max_new_tokens=spec.new_tokens, temperature=1.0)
     gen = torch.Generator().manual_seed(spec.seed)
+    sample_gen = engine_generator or gen
     rows, stopped_by = [], "completed"
     for c in spec.concurrency:
         if c_max is not None and c > c_max:
@@ -259,7 +262,7 @@ def sweep_concurrency(engine, shape: ModelShape, vocab_ids: torch.Tensor, spec: 
             break
         prompts = random_prompts(spec.sequences(c), spec.prompt_tokens, vocab_ids, gen)
         try:
-            rates = _time_concurrency(engine, prompts, params, c, spec.reps, gen)
+            rates = _time_concurrency(engine, prompts, params, c, spec.reps, sample_gen)
         except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
             if not is_out_of_memory(exc):
                 raise
@@ -285,14 +288,15 @@ def sweep_concurrency(engine, shape: ModelShape, vocab_ids: torch.Tensor, spec: 
 
 
 # ---- model-level entry point ----
-def load_bench_model(model: str, device: str):
-    """(model, tokenizer, path) for `tiny` (built offline, cached) or a local HF folder."""
+def load_bench_model(model: str, device: str, dtype=None):
+    """(model, tokenizer, path) for `tiny` (built offline, cached) or a local HF folder;
+    `dtype` ('float32', 'bfloat16'; None: the checkpoint's) casts the weights."""
     from rlbatch.rollout.models import load_model_and_tokenizer, resolve_model_path
     from rlbatch.rollout.tiny_model import TinyRecipe, tiny_model_path
 
     path = tiny_model_path(TinyRecipe()) if model == "tiny" else resolve_model_path(
         model, "addition", 3)
-    m, tok = load_model_and_tokenizer(path, device=device)
+    m, tok = load_model_and_tokenizer(path, device=device, dtype=dtype)
     return m.eval(), tok, path
 
 
@@ -316,9 +320,11 @@ def _vocab_ids(model, tokenizer) -> torch.Tensor:
 
 def run_decode_bench(model_name: str, engine_name: str, spec: BenchSpec, device: str = "auto",
                      threads: int | None = None,
-                     progress: Callable[[int, dict], None] | None = None) -> dict:
+                     progress: Callable[[int, dict], None] | None = None,
+                     dtype: str | None = None) -> dict:
     """Load the model, probe the machine, sweep C; returns the JSON-ready result.
-    `threads` sets torch's intra-op thread count for the whole process when given."""
+    `threads` sets torch's intra-op thread count for the whole process when given; `dtype`
+    ('float32', 'bfloat16'; None: the checkpoint's) sets the weights' and KV cache's dtype."""
     if engine_name not in BENCH_ENGINES:
         raise ConfigError(f"--engine: unknown engine '{engine_name}'; use builtin or hf")
     if threads is not None:
@@ -327,7 +333,7 @@ def run_decode_bench(model_name: str, engine_name: str, spec: BenchSpec, device:
         torch.set_num_threads(threads)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer, path = load_bench_model(model_name, device)
+    model, tokenizer, path = load_bench_model(model_name, device, dtype)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     engine = make_bench_engine(engine_name, model, int(pad))
     shape = ModelShape.from_model(model)
@@ -338,7 +344,10 @@ def run_decode_bench(model_name: str, engine_name: str, spec: BenchSpec, device:
     probes["ridge_intensity"] = probes["gemm_flops"] / probes["bandwidth_bytes_per_s"]
     if spec.memory_budget_bytes is None:
         spec = dataclasses.replace(spec, memory_budget_bytes=default_memory_budget(device))
-    result = sweep_concurrency(engine, shape, _vocab_ids(model, tokenizer), spec, probes, progress)
+    engine_gen = (torch.Generator(device=device).manual_seed(spec.seed)
+                  if str(device).startswith("cuda") else None)
+    result = sweep_concurrency(engine, shape, _vocab_ids(model, tokenizer), spec, probes, progress,
+                               engine_generator=engine_gen)
     best = max((r["tokens_per_s"] for r in result["rows"]), default=None)
     return {"model": model_name, "model_path": str(path), "engine": engine_name,
             "device": device, "dtype": str(dtype).removeprefix("torch."),

@@ -56,6 +56,16 @@ def pad_id_of(tokenizer) -> int:
     return int(tokenizer.eos_token_id or 0)
 
 
+def on_device(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator that can draw on `device`: the given one, or (a CPU generator driving a
+    CUDA decode) a fresh device generator seeded from it, so that the CPU generator's state,
+    which checkpoints save, still determines every draw."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def sample_next(logits: torch.Tensor, params: SamplingParams,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick next tokens from (n, V) logits; return (tokens (n,), logprobs (n,)).
@@ -63,6 +73,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams,
     The log-probability is taken under log_softmax(logits / T) (module docstring).
     """
     logits = logits.float()
+    generator = on_device(generator, logits.device)
     if params.greedy:
         logp = torch.log_softmax(logits, dim=-1)  # (n, V)
         tok = logits.argmax(dim=-1)

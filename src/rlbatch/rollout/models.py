@@ -41,14 +41,32 @@ def resolve_model_path(model: str, task_name: str, digits: int,
     return path
 
 
-def load_model_and_tokenizer(path: Path, device: str = "cpu"):
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtype_of(dtype):
+    """None, a torch.dtype, or one of MODEL_DTYPES -> torch.dtype (or None)."""
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in MODEL_DTYPES:
+        raise ConfigError(f"dtype: use one of {', '.join(MODEL_DTYPES)}, not '{dtype}'")
+    return getattr(torch, dtype)
+
+
+def load_model_and_tokenizer(path: Path, device: str = "cpu", dtype=None):
+    """(model on `device`, tokenizer). `dtype` ('float32', 'bfloat16', a torch.dtype) casts
+    the weights; None keeps what `from_pretrained` picks for the checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    torch_dtype = torch_dtype_of(dtype)
+    kwargs = {} if torch_dtype is None else {"dtype": torch_dtype}
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **kwargs)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model: cannot load '{path}': {str(exc).splitlines()[0]}") from None
     return model.to(device), tokenizer

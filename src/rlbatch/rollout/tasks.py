@@ -4,8 +4,8 @@ Built-in tasks are generated deterministically from a seed with a difficulty kno
 
 - `addition`: operands and sum written least-significant digit first, zero-padded
   (123+456 -> prompt `321+654=`, answer `9750`). A reversed answer makes carries learnable
-  left to right (DESIGN.md); reversing the operands too puts each answer digit at a fixed
-  offset from the operand digits it needs. Deviation from the DESIGN.md prototype (operands
+  left to right (docs/design.md); reversing the operands too puts each answer digit at a fixed
+  offset from the operand digits it needs. Deviation from the docs/design.md prototype (operands
   in normal order): on this 2-core machine the warm-start SFT plateau shrank from ~800 to
   ~320 steps of 128 examples, which keeps `rlbatch model build` well under two minutes.
 - `reverse`: `rev:12345=` -> `54321`; structurally different (copying with reordering,

@@ -5,35 +5,41 @@ A Llama-architecture causal LM (hidden 128, 3 layers, 4 heads, MLP 512, tied emb
 ordinary Hugging Face checkpoint folder (loads with `AutoModelForCausalLM` and
 `PreTrainedTokenizerFast`).
 
-Warm start (DESIGN.md calibration facts): RL amplifies a half-formed skill but did not
+Warm start (docs/design.md calibration facts): RL amplifies a half-formed skill but did not
 discover a missing one, and the skill appears in jumps during supervised fine-tuning. So the
-build fine-tunes on the task and evaluates held-out greedy accuracy every `check_every`
-steps, and keeps the first checkpoint whose accuracy lies inside the warm-start band with
-every answer position above `min_position_accuracy` (each sub-skill partly formed) —
-chosen by measured accuracy, not by step count. If a jump overshoots the band the build
-keeps the checkpoint closest to the band and says so. Builds are cached by a hash of the
-recipe under `$RLBATCH_CACHE` (default `~/.cache/rlbatch`) and written atomically.
+build fine-tunes on the task, checks held-out greedy accuracy (1,024 prompts) as it goes, and
+keeps the first checkpoint whose accuracy lies inside the warm-start band with every answer
+position at least `min_position_accuracy` (each sub-skill partly formed): chosen by measured
+accuracy, not by step count. Where the arithmetic lands a jump depends on the CPU (one machine
+went 0.088 -> 0.434 -> 0.549 in 25 steps, skipping the band 0.25-0.40 between two checks), so
+an overshoot returns to the last check below the band with half the learning rate and checks
+after every step (`BandSearch`); if that still cannot land in the band the build fails with
+`WarmStartError` and keeps nothing. Builds are cached by a hash of the recipe under
+`$RLBATCH_CACHE` (default `~/.cache/rlbatch`) and written atomically.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from rlbatch.core.errors import UserError
 from rlbatch.core.runlog import atomic_write_json, stable_hash
 from rlbatch.rollout.tasks import BUILTIN_TASKS, Example, answer_tokens, take
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = "0123456789+=rev:"
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -49,10 +55,11 @@ class TinyRecipe:
     sft_examples_per_step: int = 128
     max_sft_steps: int = 3000
     check_every: int = 20
-    check_prompts: int = 512
+    check_prompts: int = 1024
     band_low: float = 0.25
     band_high: float = 0.40
     min_position_accuracy: float = 0.3
+    max_backtracks: int = 4
     version: int = RECIPE_VERSION
 
     def key(self) -> str:
@@ -136,39 +143,137 @@ def _in_band(acc: float, per_pos: list[float], r: TinyRecipe) -> bool:
     return r.band_low <= acc <= r.band_high and min(per_pos) >= r.min_position_accuracy
 
 
+class WarmStartError(UserError):
+    """The warm start could not end inside its band."""
+
+
+class BandSearch:
+    """The warm start's decisions, apart from the training they steer (so that they can be
+    tested on recorded accuracy trajectories).
+
+    Checks come every `check_every` steps while accuracy is below 0.1, then every 5 steps
+    (the jump has started). A check below the band is the restore point. A check inside the
+    band (with every answer position at least `min_position_accuracy`) is accepted. A check
+    above it means the jump skipped the band between two checks: go back to the restore
+    point, halve the learning rate and check after every step; after `max_backtracks` such
+    returns, or after `max_sft_steps` steps in all, the build fails.
+    """
+
+    def __init__(self, recipe: TinyRecipe):
+        self.r = recipe
+        self.backtracks = 0
+        self.lr_scale = 1.0
+        self.last_accuracy = 0.0
+
+    def every(self) -> int:
+        if self.backtracks:
+            return 1
+        return self.r.check_every if self.last_accuracy < 0.1 else 5
+
+    def decide(self, acc: float, per_pos: list[float]) -> str:
+        """'accept', 'continue' (this check is the new restore point when below the band),
+        'backtrack' or 'fail'."""
+        self.last_accuracy = acc
+        if _in_band(acc, per_pos, self.r):
+            return "accept"
+        if acc <= self.r.band_high:
+            return "continue"
+        if self.backtracks >= self.r.max_backtracks:
+            return "fail"
+        self.backtracks += 1
+        self.lr_scale *= 0.5
+        return "backtrack"
+
+
+def run_band_search(recipe: TinyRecipe, sft) -> dict:
+    """Drive `sft` (an object with step() -> loss, check() -> (accuracy, position accuracy),
+    snapshot() -> state, restore(state), set_lr_scale(x)) until a check lands in the band.
+    Returns the accepted check; raises WarmStartError when the band cannot be reached."""
+    search = BandSearch(recipe)
+    restore = (0, sft.snapshot())
+    history: list[dict] = []
+    steps, since = 0, 0  # SFT steps taken in all (backtracked ones included), since last check
+    position = 0  # steps on the current trajectory
+    while steps < recipe.max_sft_steps:
+        sft.step()
+        steps, since, position = steps + 1, since + 1, position + 1
+        if since < search.every():
+            continue
+        since = 0
+        acc, per_pos = sft.check()
+        history.append({"step": steps, "position": position, "accuracy": acc,
+                        "position_accuracy": per_pos, "lr_scale": search.lr_scale})
+        action = search.decide(acc, per_pos)
+        if action == "accept":
+            return {"sft_steps": steps, "trajectory_steps": position, "accuracy_check": acc,
+                    "position_accuracy": per_pos, "backtracks": search.backtracks,
+                    "lr_scale": search.lr_scale, "in_band": True, "history": history}
+        if action == "continue" and acc < recipe.band_low:
+            restore = (position, sft.snapshot())
+        elif action == "backtrack":
+            position = restore[0]
+            sft.restore(restore[1])
+            sft.set_lr_scale(search.lr_scale)
+        elif action == "fail":
+            raise WarmStartError(_band_failure(recipe, history, "it overshot the band "
+                                               f"{search.backtracks + 1} times"))
+    raise WarmStartError(_band_failure(recipe, history, f"max_sft_steps={recipe.max_sft_steps} "
+                                       "reached"))
+
+
+def _band_failure(r: TinyRecipe, history: list[dict], why: str) -> str:
+    last = history[-1] if history else None
+    reached = (f"last check {last['accuracy']:.3f} at SFT step {last['step']}"
+               if last else "no check")
+    return (f"warm start of the tiny {r.task} model could not land in the accuracy band "
+            f"{r.band_low}-{r.band_high} (every answer position >= {r.min_position_accuracy}): "
+            f"{why}; {reached}. No model was kept; change the recipe (e.g. --digits) or "
+            "report this machine's build history")
+
+
+class _SftRun:
+    """The real SFT run behind `run_band_search`: AdamW steps on the task's training stream,
+    greedy held-out checks, and in-memory snapshots of model and optimizer state."""
+
+    def __init__(self, model, tokenizer, recipe: TinyRecipe, progress=None):
+        task = BUILTIN_TASKS[recipe.task](digits=recipe.digits)
+        self.model, self.tok, self.r, self.progress = model, tokenizer, recipe, progress
+        self.held_out = task.eval_set(recipe.check_prompts)
+        self.stream = task.train_stream(recipe.seed + 1)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
+        self.steps, self.loss = 0, math.nan
+
+    def step(self) -> None:
+        self.model.train()
+        self.loss = _sft_step(self.model, self.opt, self.tok,
+                              take(self.stream, self.r.sft_examples_per_step))
+        self.steps += 1
+        if self.progress:
+            self.progress(self.steps, self.loss, None)
+
+    def check(self) -> tuple[float, list[float]]:
+        acc, per_pos = greedy_accuracy(self.model, self.tok, self.held_out)
+        if self.progress:
+            self.progress(self.steps, self.loss, acc)
+        return acc, per_pos
+
+    def snapshot(self) -> dict:
+        return copy.deepcopy({"model": self.model.state_dict(), "opt": self.opt.state_dict()})
+
+    def restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(copy.deepcopy(state["opt"]))
+
+    def set_lr_scale(self, scale: float) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = self.r.sft_lr * scale
+
+
 def warm_start(model, tokenizer, recipe: TinyRecipe,
                progress: Callable[[int, float, float | None], None] | None = None) -> dict:
-    """Fine-tune until held-out accuracy enters the band; restore the chosen checkpoint."""
-    task = BUILTIN_TASKS[recipe.task](digits=recipe.digits)
-    held_out = task.eval_set(recipe.check_prompts)
-    stream = task.train_stream(recipe.seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
-    best: tuple[float, int, dict, float, list[float]] | None = None  # (distance, step, state, acc, pos)
-    history = []
-    for step in range(1, recipe.max_sft_steps + 1):
-        model.train()
-        loss = _sft_step(model, opt, tokenizer, take(stream, recipe.sft_examples_per_step))
-        acc = None
-        # Check often once the jump starts (accuracy >= 0.1), so the band is not skipped.
-        every = recipe.check_every if not history or history[-1]["accuracy"] < 0.1 else 5
-        if step % every == 0:
-            acc, per_pos = greedy_accuracy(model, tokenizer, held_out)
-            history.append({"step": step, "accuracy": acc, "position_accuracy": per_pos})
-            center = (recipe.band_low + recipe.band_high) / 2
-            dist = 0.0 if _in_band(acc, per_pos, recipe) else abs(acc - center)
-            if best is None or dist < best[0]:
-                state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                best = (dist, step, state, acc, per_pos)
-            if dist == 0.0 or acc > recipe.band_high + 0.15:
-                if progress:
-                    progress(step, loss, acc)
-                break
-        if progress:
-            progress(step, loss, acc)
-    assert best is not None, "max_sft_steps must be >= check_every"
-    model.load_state_dict(best[2])
-    return {"sft_steps": best[1], "accuracy_check": best[3], "position_accuracy": best[4],
-            "in_band": best[0] == 0.0, "history": history}
+    """Fine-tune `model` in place until held-out accuracy lies in the band (BandSearch);
+    raises WarmStartError when it cannot."""
+    return run_band_search(recipe, _SftRun(model, tokenizer, recipe, progress))
 
 
 def tiny_model_path(recipe: TinyRecipe, *, build: bool = True,
@@ -198,6 +303,14 @@ def build_tiny(recipe: TinyRecipe, dest: Path,
         "build_s": time.perf_counter() - start, "accuracy": acc, "position_accuracy_1024": per_pos,
         "answer_tokens": answer_tokens(recipe.task, recipe.digits), "eval_prompts": 1024,
     })
+    save_model_folder(model, tokenizer, facts, dest)
+    return facts
+
+
+def save_model_folder(model, tokenizer, facts: dict, dest: Path) -> None:
+    """Save a Hugging Face checkpoint folder with its `rlbatch_build.json` atomically: written
+    beside `dest` under a temporary name, then renamed over it (a kill leaves no half folder)."""
+    dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=dest.parent))
     try:
@@ -210,7 +323,6 @@ def build_tiny(recipe: TinyRecipe, dest: Path,
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return facts
 
 
 def read_build_facts(path: Path) -> dict:

@@ -17,8 +17,12 @@ from rlbatch.core.errors import ConfigError
 from rlbatch.core.runlog import (RunWriter, _read_json, build_manifest, make_run_id,
                                  truncate_jsonl_after_step)
 
-TERMINAL = ("target_reached", "budget_exhausted", "diverged", "failed")
-STOP_FILE = "STOP"  # its text is the reason; checked after every step
+# Run statuses (docs/metrics.md): `running`, then one of these. `diverged` means the run
+# produced non-finite values (nonfinite.max_consecutive skipped updates in a row); `stopped`
+# means a stop was requested through the STOP file (its code in `stop_code`).
+TERMINAL = ("target_reached", "budget_exhausted", "stopped", "diverged", "failed")
+STOP_FILE = "STOP"  # its text is "<code>: <detail>"; checked after every step
+STOP_CODES = ("cannot_win", "no_crossing")
 
 
 def _fresh_counters(cfg: Config) -> dict:
@@ -26,7 +30,8 @@ def _fresh_counters(cfg: Config) -> dict:
             "consumed": 0, "nonfinite_total": 0, "nonfinite_run": 0,
             "next_eval": cfg.eval.every_samples, "next_ckpt": cfg.checkpoint.every_samples or 0,
             "evals_done": 0, "eval_s": 0.0, "checkpoint_s": 0.0, "first_step_s": None,
-            "target": None, "status": "running", "last_eval": None, "stop_reason": None}
+            "target": None, "target_threshold": cfg.target.value, "status": "running",
+            "last_eval": None, "stop_reason": None, "stop_code": None}
 
 
 class RunState:
@@ -83,11 +88,26 @@ class RunState:
         every = self.cfg.eval.every_samples
         c["next_eval"] = (c["samples"] // every + 1) * every
         value = row.get(t.metric)
-        if c["target"] is None and value is not None and value >= t.value:
+        if c.get("target_threshold") is None and t.gain is not None and row["step"] == 0 \
+                and value is not None:
+            c["target_threshold"] = value + t.gain  # relative target: step-0 value + gain
+        threshold = c.get("target_threshold")
+        if c["target"] is None and threshold is not None and value is not None \
+                and value >= threshold:
             c["target"] = {"step": row["step"], "samples": row["samples"],
-                           "train_s": row["train_s"], "value": value}
-            if self.cfg.budget.stop_at_target:
+                           "train_s": row["train_s"], "reached_value": value}
+            if self.cfg.budget.stop_at_target and c["status"] == "running":
                 c["status"] = "target_reached"
+
+    def needs_final_eval(self) -> bool:
+        """A finished run ends on an evaluation at its last step (a stopped or budget-ended
+        run's curve then ends where it stopped, not at the last eval mark)."""
+        last = self.c["last_eval"]
+        return self.c["status"] != "running" and (last is None or last["step"] != self.c["step"])
+
+    def after_final_eval(self) -> None:
+        if self.c["status"] == "budget_exhausted" and self.c["target"]:
+            self.c["status"] = "target_reached"
 
     def update_status(self, row: dict) -> None:
         c, b = self.c, self.cfg.budget
@@ -95,8 +115,10 @@ class RunState:
             return
         stop = self.dir / STOP_FILE
         if stop.exists():  # a cooperative stop request (rlbatch profile's early stopping)
-            c["stop_reason"] = stop.read_text().strip() or "stop requested"
-            c["status"] = "target_reached" if c["target"] else "budget_exhausted"
+            c["stop_reason"] = stop.read_text().strip() or "requested"
+            code = c["stop_reason"].split(":", 1)[0].strip()
+            c["stop_code"] = code if code in STOP_CODES else "requested"
+            c["status"] = "stopped"
         elif c["nonfinite_run"] >= self.cfg.nonfinite.max_consecutive:
             c["status"] = "diverged"
         elif c["samples"] >= b.max_samples or (b.max_train_s and c["train_s"] >= b.max_train_s):
@@ -118,16 +140,18 @@ class RunState:
     # ---- summary ----
     def _summary(self) -> dict:
         c, t = self.c, self.cfg.target
-        target = {"metric": t.metric, "value": t.value, "reached": c["target"] is not None}
+        target = {"metric": t.metric, "value": t.value, "gain": t.gain,
+                  "threshold": c.get("target_threshold"), "reached": c["target"] is not None}
         if c["target"]:
-            target.update(c["target"])
+            target.update(c["target"])  # step, samples, train_s, reached_value of the crossing
         return {"status": c["status"], "steps": c["step"], "samples": c["samples"],
                 "prompts": c["prompts"], "tokens": c["tokens"], "train_s": c["train_s"],
                 "eval_s": c["eval_s"], "checkpoint_s": c["checkpoint_s"],
                 "first_step_s": c["first_step_s"],
                 "throughput": c["samples"] / c["train_s"] if c["train_s"] else None,
                 "nonfinite_skipped": c["nonfinite_total"], "target": target,
-                "last_eval": c["last_eval"], "stop_reason": c.get("stop_reason"), "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                "last_eval": c["last_eval"], "stop_reason": c.get("stop_reason"),
+                "stop_code": c.get("stop_code"), "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
     def _write_summary(self) -> None:
         self.summary = self._summary()

@@ -1,7 +1,7 @@
 """Optional metric sinks of the built-in trainer: TensorBoard, MLflow, Weights & Biases.
 
 The run log (steps.jsonl, evals.jsonl) stays the record; a tracker receives a copy of every
-step and evaluation row as it is written, with **`samples` as the step axis** (DESIGN.md:
+step and evaluation row as it is written, with **`samples` as the step axis** (docs/design.md:
 the x-axis is samples), so runs with different B line up in the tracker's UI too. Only
 finite numbers are sent (null/NaN, strings and booleans are skipped).
 

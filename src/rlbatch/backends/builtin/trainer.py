@@ -32,7 +32,7 @@ from rlbatch.algos.advantages import (gae, grpo_advantages, masked_whiten,
                                       outcome_token_rewards)
 from rlbatch.algos.lr import lr_at
 from rlbatch.algos.noise_scale import NoiseScaleEMA
-from rlbatch.backends.builtin.batch import build_batch, forward_logprobs
+from rlbatch.backends.builtin.batch import build_batch, forward_logprobs, to_device
 from rlbatch.backends.builtin.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from rlbatch.backends.builtin.critic import ValueModel
 from rlbatch.backends.builtin.runstate import RunState, open_run
@@ -74,7 +74,7 @@ class Trainer:
         if self.state.finished:
             return
         self.trackers = open_trackers(cfg.trackers, self.state.dir, cfg.resolved_dict())
-        self.model, self.tok = load_model_and_tokenizer(path, self.device)
+        self.model, self.tok = load_model_and_tokenizer(path, self.device, cfg.dtype)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tok)
         self.pad_id = self.engine.pad_id
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -82,7 +82,7 @@ class Trainer:
                                            weight_decay=cfg.optimizer.weight_decay, **cfg.adam)
         self.critic = self.critic_opt = None
         if cfg.algorithm == "ppo":
-            base, _ = load_model_and_tokenizer(path, self.device)
+            base, _ = load_model_and_tokenizer(path, self.device, cfg.dtype)
             self.critic = ValueModel(base).to(self.device)
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr,
                                                 weight_decay=0.0)
@@ -134,6 +134,9 @@ class Trainer:
             while st.c["samples"] >= st.c["next_eval"]:
                 self._evaluate()
             st.update_status(row)
+            if st.needs_final_eval():
+                self._evaluate()
+                st.after_final_eval()
             if st.due_checkpoint() or st.status != "running":
                 self._checkpoint()
         self.trackers.close()
@@ -148,11 +151,15 @@ class Trainer:
             prompt_ids = [self._ids(e) for e in examples for _ in range(G)]
             ro = self.engine.generate(prompt_ids, self._sampling(), cfg.rollout.generation_concurrency,
                                       generator=self.gen)
+            if cfg.rollout.simulated_latency_s:
+                time.sleep(cfg.rollout.simulated_latency_s)
         with timer.phase("reward"):
             rewards, unscorable = self._score(ro, [e for e in examples for _ in range(G)])
         with timer.phase("other"):
-            batch = build_batch(ro, self.pad_id)
-            old_logp = ro.logprobs
+            # rollouts come back on the CPU; the update runs where the model is
+            batch = to_device(build_batch(ro, self.pad_id), self.device)
+            old_logp = ro.logprobs.to(self.device)
+            rewards = rewards.to(self.device)
         ref_logp = None
         if self.ref is not None:
             with timer.phase("reference"), torch.no_grad():

@@ -3,7 +3,7 @@ gradient accumulation, gradient clipping, non-finite handling and (opt-in) the g
 scale. Orchestration only: every formula comes from `rlbatch.algos`.
 
 Normalization: each micro-batch loss is `aggregate(..., normalizer=minibatch tokens)` so the
-accumulated gradient equals the minibatch gradient for any micro-batch size (house rule 3).
+accumulated gradient equals the minibatch gradient for any micro-batch size (docs/design.md, house rule 3).
 
 Noise scale (McCandlish et al. 2018, App. A.1): with k >= 2 micro-batches of b sequences in a
 minibatch of B sequences, |G_small|^2 is the mean over micro-batches of the squared norm of

@@ -1,4 +1,4 @@
-"""Write a converted framework log as an rlbatch run directory (DESIGN.md "The run log").
+"""Write a converted framework log as an rlbatch run directory (docs/design.md "The run log").
 
 The run is assembled in a temporary sibling directory and renamed into place in one step, so
 an error at any point leaves nothing half-written; `--force` replaces an existing run the

@@ -1,0 +1,77 @@
+"""The decision in words, shared by `rlbatch analyze` and `rlbatch profile` (renders only:
+every number comes from the analysis document; see docs/analysis.md for the rules)."""
+
+from __future__ import annotations
+
+from rlbatch.analysis.figures import short_labels
+
+
+def num(x, spec: str = ".3g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def interval(ci) -> str:
+    if not ci or ci[0] is None and ci[1] is None:
+        return ""
+    lo, hi = ci
+    return f" [{num(lo)}, {'inf' if hi is None else num(hi)}]"
+
+
+def ratios(vs: dict) -> str:
+    """`T 0.81 [0.7, 0.93] = N* 1.02 [..] / q 1.26 [..], P(faster) 0.97` (intervals only
+    when both sides have >= 2 seeds)."""
+    p = vs.get("p_faster")
+    return (f"T ratio {num(vs.get('time_ratio'))}{interval(vs.get('time_ratio_ci'))} = "
+            f"N* ratio {num(vs.get('samples_ratio'))}{interval(vs.get('samples_ratio_ci'))} / "
+            f"q ratio {num(vs.get('throughput_ratio'))}{interval(vs.get('throughput_ratio_ci'))}"
+            + ("" if p is None else f", P(faster) {p:.2f}"))
+
+
+def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
+    """The decision, what it rests on, what was screened out, and what to run next."""
+    entries = {e["config"]: e for e in doc["configs"]}
+    labels = short_labels(doc["configs"])
+    rec = doc.get("recommendation")
+    ci = f"{doc['settings']['ci']:.0%}"
+    if rec is None:
+        return [f"decision: none ({doc.get('problem') or 'the reference has no time to target'})"]
+    e = entries[rec["config"]]
+    where = (f"P={e['prompts_per_step']} G={e['samples_per_prompt']} (B={e['sequences_per_step']})"
+             f", lr={num(e['lr'])}" + (f", C={concurrency}" if concurrency else ""))
+    lines = []
+    if rec["is_reference"]:
+        lines.append(f"decision: keep the baseline {where}")
+    else:
+        lines.append(f"decision: {where}: {num(rec['speedup_vs_reference'])}x faster than the "
+                     f"baseline, across {rec['seeds']} seeds")
+    why = {"established": "an aligned candidate is faster across seeds",
+           "none_faster": "no candidate is faster than the baseline",
+           "not_enough": "the evidence is not enough to prefer a candidate"}[rec["evidence"]]
+    lines.append(f"evidence: {rec['evidence']} ({why}); medians across seeds, {ci} bootstrap "
+                 "intervals, T = N*/q")
+    for c in rec["compared"]:
+        ce = entries[c["config"]]
+        head = f"  {labels[c['config']]} ({c['seeds']} seeds, {c['verdict']})"
+        if ce.get("vs_reference"):
+            lines.append(f"{head}: {ratios(ce['vs_reference'])}")
+        else:
+            lines.append(f"{head}: T {num(ce['time_to_target'])} s"
+                         f"{interval(ce['time_to_target_ci'])}")
+    compared = {c["config"] for c in rec["compared"]}
+    screened = [x for x in doc["configs"] if x["config"] not in compared
+                and x["verdict"] not in ("reference",)]
+    for x in screened:
+        note = x["verdict"] + (f" (one seed suggests {x['indication']})"
+                               if x["verdict"] == "unconfirmed" and x.get("indication") else "")
+        vs = x.get("vs_reference") or {}
+        lines.append(f"  screened: {labels[x['config']]} ({x['seeds']} seed(s)): {note}; "
+                     f"T ratio {num(vs.get('time_ratio'))}")
+    for c in doc.get("fixed_lr_controls") or []:
+        lines.append(f"fixed-LR control {labels[c['control']]} vs its sqrt twin: N* ratio "
+                     f"{num(c['samples_ratio'])}{interval(c['samples_ratio_ci'])}, T ratio "
+                     f"{num(c['time_ratio'])}{interval(c['time_ratio_ci'])}"
+                     + ("; faster than its twin across seeds: eta0 may be under-tuned"
+                        if c["eta0_may_be_under_tuned"] else ""))
+    if rec.get("next"):
+        lines.append(f"next: {rec['next']}")
+    return lines

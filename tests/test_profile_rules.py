@@ -1,0 +1,216 @@
+"""The profile's rules without training: early stopping, the baseline's evidence (cadence,
+too-easy targets), the challenger, and the driver's bookkeeping with a scripted executor."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from rlbatch.core.errors import UserError
+from rlbatch.core.loading import load_config
+from rlbatch.core.runlog import RunWriter, read_jsonl
+from rlbatch.profile import procedure
+from rlbatch.profile.procedure import (
+    Driver,
+    Journal,
+    candidate_eval_every,
+    challenger,
+    early_stop_reason,
+)
+from rlbatch.profile.trials import plan_trials
+
+
+def status(samples, train_s, reached=False):
+    return {"samples": samples, "train_s": train_s, "target": {"reached": reached}}
+
+
+def test_early_stop_codes():
+    # baseline median T = 10 s, largest N* x exp(margin) = 1150 samples
+    assert early_stop_reason(status(500, 5.0), 10.0, 1150.0) is None
+    assert early_stop_reason(status(1150, 5.0), 10.0, 1150.0).startswith("no_crossing: ")
+    assert early_stop_reason(status(800, 10.5), 10.0, 1150.0).startswith("cannot_win: ")
+    assert early_stop_reason(status(800, 10.0), 10.0, 1150.0) is None  # not past it yet
+    # a trial that crossed is never stopped, however long it took
+    assert early_stop_reason(status(5000, 99.0, reached=True), 10.0, 1150.0) is None
+    # nor is a baseline seed (a confirmation seed of the baseline may need more samples)
+    assert early_stop_reason({**status(5000, 99.0), "kind": "baseline"}, 10.0, 1150.0) is None
+
+
+def quick(*sets):
+    return load_config(preset="quick", overrides=list(sets))
+
+
+def step_row(step: int, samples: int, train_s: float) -> dict:
+    return {"step": step, "samples": samples, "prompts": samples // 8, "tokens": samples * 5,
+            "train_s": train_s, "time/rollout": 0.0, "time/reward": 0.0,
+            "time/actor_update": 0.0, "time/critic_update": 0.0, "time/other": 0.0,
+            "reward/mean": 0.0, "actor/lr": 1e-4, "actor/grad_norm": 1.0, "actor/loss": 0.0}
+
+
+def write_run(d: Path, cfg_dict: dict, evals: list[tuple[int, float]], q: float = 100.0):
+    """A finished run log: evaluations (samples, accuracy), one step per evaluation."""
+    with RunWriter(d) as w:
+        w.write_config(cfg_dict)
+        w.write_manifest({"run_id": d.name, "seed": cfg_dict["seed"]})
+        for i, (s, _) in enumerate(evals[1:], 1):
+            w.log_step(step_row(i, s, s / q))
+        for i, (s, v) in enumerate(evals):
+            w.log_eval({"step": i, "samples": s, "train_s": s / q, "eval/accuracy": v})
+        w.write_summary({"status": "target_reached"})
+
+
+def baseline_trials(tmp_path, curve, seeds=(0,), **sets):
+    cfg = quick(*[f"{k}={v}" for k, v in sets.items()])
+    trials = plan_trials(cfg, tmp_path / "runs", 64, list(seeds), kinds=("baseline",))
+    for t in trials:
+        write_run(t.run_dir(), t.config.resolved_dict(), curve)
+    return cfg, trials
+
+
+def test_baseline_evidence_needs_ten_evaluations_before_n_star(tmp_path):
+    # every 512 samples, +0.15 reached at 1,536: 3 evaluations before N*
+    curve = [(0, 0.3), (512, 0.35), (1024, 0.4), (1536, 0.46)]
+    cfg, trials = baseline_trials(tmp_path, curve)
+    with pytest.raises(UserError) as err:
+        procedure._baseline_evidence(trials, cfg)
+    msg = str(err.value)
+    assert msg.startswith("eval.every_samples:") and "only 3 evaluations" in msg
+    # N* = 1024 + (0.45 - 0.40) / 0.06 * 512 = 1,451 samples: at most 145 per evaluation
+    assert "eval.every_samples <= 145" in msg
+
+
+def test_baseline_evidence_resolved_and_candidate_cadence(tmp_path):
+    curve = [(i * 100, 0.3 + 0.01 * i) for i in range(31)]  # +0.15 at 1,500 samples
+    cfg, trials = baseline_trials(tmp_path, curve, seeds=(0, 1))
+    ev = procedure._baseline_evidence(trials, cfg)
+    assert ev["problem"] is None and ev["evaluations_before_target"] == 15
+    assert ev["median_nstar"] == pytest.approx(1500.0)
+    assert ev["median_time"] == pytest.approx(15.0)  # q = 100 samples/s
+    assert candidate_eval_every(cfg, ev["median_nstar"]) == 150  # N*/10 < configured 512
+    assert candidate_eval_every(cfg, 1e6) == cfg.eval.every_samples
+
+
+def test_baseline_too_easy_is_a_problem_not_a_decision(tmp_path):
+    curve = [(0, 0.3), (512, 0.5), (1024, 0.6)]  # +0.15 met by the first evaluation
+    cfg, trials = baseline_trials(tmp_path, curve)
+    ev = procedure._baseline_evidence(trials, cfg)
+    assert ev["problem"].startswith("target too easy: met by the first evaluation at 512")
+
+
+def entry(config, verdict, t, b=256, scaling="sqrt", indication=None, t_lb=None):
+    return {"config": config, "verdict": verdict, "time_to_target": t,
+            "time_to_target_lower_bound": t_lb, "sequences_per_step": b, "algorithm": "grpo",
+            "lr_scaling": scaling, "indication": indication}
+
+
+def test_challenger_is_the_fastest_member_of_the_family_that_could_still_win():
+    doc = {"reference": {"config": "ref"}, "configs": [
+        entry("ref", "reference", 10.0, b=128),
+        entry("miss", "unconfirmed", None, indication="departed", t_lb=2.0),  # missed it
+        entry("slow", "slower", None, t_lb=11.0),
+        entry("ctl", "unconfirmed", 2.0, scaling="none", indication="aligned"),
+        entry("b", "unconfirmed", None, b=512, indication="inconclusive", t_lb=3.0),
+        entry("a", "unconfirmed", 9.0, b=64, indication="departed"),  # crossed, fewer samples
+    ]}
+    assert challenger(doc) == "a"  # crossed: ranks before the censored "b"
+    doc["configs"] = doc["configs"][:5]
+    assert challenger(doc) == "b"  # censored: judged by its lower bound, 3 < 10
+    doc["configs"] = doc["configs"][:4]
+    assert challenger(doc) is None
+
+
+class ScriptedExecutor:
+    """Runs 'trials' by writing their logs one step per poll; honours STOP files."""
+
+    def __init__(self, steps_by_name):
+        self.steps_by_name = steps_by_name  # name -> list of (samples, train_s, accuracy)
+        self.live: dict[str, tuple[Path, int]] = {}
+        self.submitted: list[str] = []
+        self.trials = {}
+
+    def capacity(self):
+        return 1 - len(self.live)
+
+    def submit(self, name, config_path, log_path):
+        self.submitted.append(name)
+        t = self.trials[name]
+        t.run_dir().mkdir(parents=True, exist_ok=True)
+        self.live[name] = (t.run_dir(), 0)
+
+    def running(self):
+        return list(self.live)
+
+    def poll(self):
+        done = []
+        for name, (d, i) in list(self.live.items()):
+            rows = self.steps_by_name[name]
+            s, t, acc = rows[i]
+            with RunWriter(d) as w:
+                if i == 0:
+                    w.write_config(self.trials[name].config.resolved_dict())
+                    w.write_manifest({"run_id": d.name, "seed": 0})
+                w.log_step(step_row(i + 1, s, t))
+                w.log_eval({"step": i + 1, "samples": s, "train_s": t, "eval/accuracy": acc})
+                stop = (d / "STOP").exists()
+                last = i + 1 == len(rows)
+                w.write_summary({"status": "stopped" if stop else
+                                 ("target_reached" if last else "running"),
+                                 "target": {"reached": last and not stop},
+                                 "stop_code": (d / "STOP").read_text().split(":")[0]
+                                 if stop else None})
+            self.live[name] = (d, i + 1)
+            if stop or last:
+                del self.live[name]
+                done.append(procedure_finished(name))
+        return done
+
+
+def procedure_finished(name):
+    from rlbatch.profile.executors import Finished
+
+    return Finished(name, 0, Path("/dev/null"))
+
+
+def test_driver_skips_finished_trials_and_writes_stop_requests(tmp_path):
+    cfg = quick("profile.prompts_per_step=[32]", "profile.fixed_lr_control=false")
+    runs = tmp_path / "runs"
+    base = plan_trials(cfg, runs, 64, [0], kinds=("baseline",))
+    cand = plan_trials(cfg, runs, 64, [0], kinds=("sqrt",))
+    write_run(base[0].run_dir(), base[0].config.resolved_dict(), [(0, 0.3), (1000, 0.5)])
+    ex = ScriptedExecutor({cand[0].name: [(i * 256, i * 1.0, 0.3) for i in range(50)]})
+    ex.trials = {t.name: t for t in base + cand}
+    for sub in ("trials", "logs"):
+        (tmp_path / sub).mkdir()
+    journal = Journal(tmp_path / "journal.jsonl")
+    driver = Driver(cfg, tmp_path, ex, journal, None, poll_s=0.0)
+    driver.run(base)  # already finished: no process
+    assert ex.submitted == []
+    driver.run(cand, lambda st: early_stop_reason(st, 5.0, math.inf))
+    events = read_jsonl(tmp_path / "journal.jsonl")[0]
+    kinds = [e["event"] for e in events]
+    assert kinds == ["skipped_finished", "started", "stop_requested", "finished"]
+    stop = next(e for e in events if e["event"] == "stop_requested")
+    assert stop["reason"].startswith("cannot_win: ")
+    assert (cand[0].run_dir() / "STOP").read_text().startswith("cannot_win")
+    fin = events[-1]
+    assert fin["status"] == "stopped"
+
+
+def test_driver_refuses_a_trial_that_ended_without_finishing_its_run(tmp_path):
+    cfg = quick("profile.prompts_per_step=[32]")
+    base = plan_trials(cfg, tmp_path / "runs", 64, [0], kinds=("baseline",))
+
+    class Vanishing(ScriptedExecutor):
+        def poll(self):
+            self.live.clear()
+            return [procedure_finished(base[0].name)]
+
+    for sub in ("trials", "logs"):
+        (tmp_path / sub).mkdir()
+    ex = Vanishing({})
+    ex.trials = {base[0].name: base[0]}
+    driver = Driver(cfg, tmp_path, ex, Journal(tmp_path / "j.jsonl"), None, poll_s=0.0)
+    with pytest.raises(UserError, match="is not a finished run"):
+        driver.run(base)
