@@ -263,3 +263,17 @@ def test_relative_target_without_a_step0_value_is_censored():
     steps, evals = _frames([100, 200], [0.3, 0.9])
     res = run_result(steps, evals, Target("eval/accuracy", None, gain=0.1))
     assert res["censored"] and res["threshold"] is None and res["last_samples"] == 200
+
+
+def test_run_without_a_finite_metric_is_counted_as_censored_not_dropped(tmp_path):
+    """Leaving such a run out would favour the configurations whose runs survived."""
+    from rlbatch.analysis.analyze import analyze
+
+    write_run(tmp_path, "a", [(0, 0.2), (100, 0.4), (200, 0.6)], STEPS, seed=0)
+    write_run(tmp_path, "b", [(0, 0.2), (100, 0.4), (200, 0.6)], STEPS, seed=1)
+    write_run(tmp_path, "c", [(0, float("nan")), (100, float("nan"))], STEPS[:1], seed=2)
+    doc = analyze([tmp_path], T05)
+    (conf,) = doc["configs"]
+    assert conf["seeds"] == 3 and conf["censored_runs"] == 1
+    assert conf["samples_to_target"] == 150.0  # the median of 150, 150 and a censored run
+    assert any("counted as a censored run" in w for w in doc["warnings"])

@@ -58,8 +58,10 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
             lines.append(f"{head}: T {num(ce['time_to_target'])} s"
                          f"{interval(ce['time_to_target_ci'])}")
     compared = {c["config"] for c in rec["compared"]}
+    ref = entries[doc["reference"]["config"]]
     screened = [x for x in doc["configs"] if x["config"] not in compared
-                and x["verdict"] not in ("reference",)]
+                and x["verdict"] != "reference" and x["algorithm"] == ref["algorithm"]
+                and x["lr_scaling"] == ref["lr_scaling"]]  # other LR rules: control line
     for x in screened:
         note = x["verdict"] + (f" (one seed suggests {x['indication']})"
                                if x["verdict"] == "unconfirmed" and x.get("indication") else "")
