@@ -14,8 +14,8 @@ import pytest
 
 from rlbatch.analysis.crossing import Target, run_result
 from rlbatch.analysis.runs import load_runs
-from rlbatch.backends.ingest import IngestOptions, convert
-from rlbatch.backends.ingest import writer as ingest_writer
+from rlbatch.interop.ingest import IngestOptions, convert
+from rlbatch.interop.ingest import writer as ingest_writer
 from rlbatch.cli.main import main
 from rlbatch.core.runlog import read_run
 

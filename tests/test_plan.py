@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbatch.backends.ingest import read_framework_config
-from rlbatch.backends.plan import make_plan, merge_base
+from rlbatch.interop.ingest import read_framework_config
+from rlbatch.interop.plan import make_plan, merge_base
 from rlbatch.cli.main import main
 
 FIX = Path(__file__).parent / "fixtures" / "ingest"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbatch.analysis import figures
+from rlbatch.analysis import figures, labels, tables
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
 from rlbatch.analysis.runs import load_runs
@@ -144,12 +144,12 @@ def test_seed_band_union_grid_each_run_inside_its_range():
 def test_config_labels_disambiguate_collisions():
     e = {"sequences_per_step": 8, "prompts_per_step": 1, "samples_per_prompt": 8, "lr": 0.5,
          "lr_scaling": "sqrt"}
-    labels = figures.config_labels([{**e, "config": "grpo-B8-lr0.5-aaaaaaaa"},
-                                    {**e, "config": "grpo-B8-lr0.5-bbbbbbbb"},
-                                    {"config": "unconfigured-x", "sequences_per_step": None}])
-    assert labels == {"grpo-B8-lr0.5-aaaaaaaa": "B=8 (1x8) lr=0.5 sqrt #aaaaaa",
-                      "grpo-B8-lr0.5-bbbbbbbb": "B=8 (1x8) lr=0.5 sqrt #bbbbbb",
-                      "unconfigured-x": "unconfigured-x"}
+    got = labels.config_labels([{**e, "config": "grpo-B8-lr0.5-aaaaaaaa"},
+                                {**e, "config": "grpo-B8-lr0.5-bbbbbbbb"},
+                                {"config": "unconfigured-x", "sequences_per_step": None}])
+    assert got == {"grpo-B8-lr0.5-aaaaaaaa": "B=8 (1x8) lr=0.5 sqrt #aaaaaa",
+                   "grpo-B8-lr0.5-bbbbbbbb": "B=8 (1x8) lr=0.5 sqrt #bbbbbb",
+                   "unconfigured-x": "unconfigured-x"}
 
 
 def test_invariance_against_samples_and_seconds(sweep):
@@ -217,7 +217,7 @@ def test_noise_scale_and_lr_control(sweep):
 
 def test_decision_with_measured_saving_and_interval(sweep):
     _, frames, doc = sweep
-    d = figures.decision_data(doc, None, frames.configs)
+    d = tables.decision_data(doc, None, frames.configs)
     assert (d["label"], d["prompts_per_step"], d["samples_per_prompt"]) == (SQRT, 32, 8)
     assert d["generation_concurrency"] == 64 and d["lr"] == pytest.approx(1e-4 * math.sqrt(2))
     assert d["measured_saving"] == pytest.approx(1 - (576 / 409.6) / 2.25, rel=1e-12)
@@ -226,7 +226,7 @@ def test_decision_with_measured_saving_and_interval(sweep):
     # B_noise = 350: the median of the logged actor B_simple over the second half (300, 400)
     t_hat = 576 * (1 + 256 / 350) / (1 + 128 / 350) / 409.6
     assert d["predicted_saving"] == pytest.approx(1 - t_hat / 2.25, rel=1e-12)
-    assert figures.decision_data({**doc, "recommendation": None}) == {
+    assert tables.decision_data({**doc, "recommendation": None}) == {
         "recommended": False, "reason": "the reference has no time to target"}
     assert d["evidence"] == "established" and d["seeds"] == 2
 
@@ -250,7 +250,7 @@ def test_decode_from_profile_sweep_and_from_steps(sweep):
 
 def test_runs_table_links_are_relative(sweep, tmp_path):
     _, frames, doc = sweep
-    rows = figures.runs_table(doc, frames.configs, None, str(tmp_path))
+    rows = tables.runs_table(doc, frames.configs, None, str(tmp_path))
     assert sorted(r["link"] for r in rows) == ["sweep/base-s0/", "sweep/base-s1/",
                                                "sweep/fixed256-s0/", "sweep/fixed256-s1/",
                                                "sweep/sqrt256-s0/", "sweep/sqrt256-s1/"]

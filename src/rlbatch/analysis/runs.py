@@ -46,6 +46,8 @@ class RunFrames:
     evals: pd.DataFrame
     configs: dict = field(default_factory=dict)
     warnings: tuple = ()
+    # per-run splits of `steps` and `evals`, filled on first use (the frames never change)
+    _split: dict = field(default_factory=dict, repr=False, compare=False)
 
     def run_steps(self, run: str) -> pd.DataFrame:
         """The step rows of one run (an empty frame if it logged none)."""
@@ -56,12 +58,10 @@ class RunFrames:
         return self._by_run("evals").get(run, self.evals.iloc[0:0])
 
     def _by_run(self, name: str) -> dict:
-        # Split once and memoize (frozen dataclass: write the cache into __dict__ directly).
-        key = f"_split_{name}"
-        if key not in self.__dict__:
+        if name not in self._split:
             df = getattr(self, name)
-            self.__dict__[key] = dict(tuple(df.groupby("run", sort=False))) if len(df) else {}
-        return self.__dict__[key]
+            self._split[name] = dict(tuple(df.groupby("run", sort=False))) if len(df) else {}
+        return self._split[name]
 
 
 def configuration(config: dict) -> dict:

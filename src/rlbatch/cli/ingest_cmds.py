@@ -1,6 +1,6 @@
 """`rlbatch ingest FRAMEWORK PATH --out RUN_DIR`: another framework's log as an rlbatch run.
 
-Thin: parse -> `backends.ingest.ingest` (converts, writes atomically) -> print a one-line
+Thin: parse -> `interop.ingest.ingest` (converts, writes atomically) -> print a one-line
 summary (warnings on stderr), or with `--json` the summary as the last stdout line.
 """
 
@@ -10,8 +10,8 @@ import sys
 
 import typer
 
-from rlbatch.backends.ingest import IngestOptions
-from rlbatch.backends.ingest import ingest as ingest_log
+from rlbatch.interop.ingest import IngestOptions
+from rlbatch.interop.ingest import ingest as ingest_log
 from rlbatch.cli.common import print_json
 
 

@@ -1,7 +1,7 @@
 """`rlbatch plan`: a batch-size sweep's settings for verl, OpenRLHF, TRL or prime-rl.
 
 Thin: parse the flags (or read the framework's config file with `--base`), call
-`backends.plan.make_plan`, print a table plus each candidate's overrides, or with `--json` one
+`interop.plan.make_plan`, print a table plus each candidate's overrides, or with `--json` one
 JSON document as the last stdout line.
 """
 
@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlbatch.backends.ingest import read_framework_config
-from rlbatch.backends.plan import fmt, make_plan, merge_base
+from rlbatch.interop.ingest import read_framework_config
+from rlbatch.interop.plan import fmt, make_plan, merge_base
 from rlbatch.cli.common import print_json
 from rlbatch.core.errors import ConfigError
 

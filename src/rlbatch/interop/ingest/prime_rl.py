@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlbatch.backends.ingest.common import (
+from rlbatch.interop.ingest.common import (
     FrameworkConfig,
     Settings,
     as_float,
@@ -42,7 +42,7 @@ from rlbatch.backends.ingest.common import (
     num,
     read_records,
 )
-from rlbatch.backends.ingest.writer import Converted
+from rlbatch.interop.ingest.writer import Converted
 from rlbatch.core.errors import ConfigError, DataError
 
 BATCH = ("orchestrator.batch_size", "batch_size")
@@ -148,7 +148,7 @@ def _samples(step: int, data: dict, b: int | None, where: str) -> int:
 
 
 def convert(path: Path, res) -> Converted:
-    from rlbatch.backends.ingest import build_config, max_logged
+    from rlbatch.interop.ingest import build_config, max_logged
 
     files = metric_files(path)
     merged, primary, warnings, truncated = _combined(files)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rlbatch.backends.ingest.common import (
+from rlbatch.interop.ingest.common import (
     FrameworkConfig,
     Settings,
     as_float,
@@ -41,7 +41,7 @@ from rlbatch.backends.ingest.common import (
     read_records,
     shell_tokens,
 )
-from rlbatch.backends.ingest.writer import Converted
+from rlbatch.interop.ingest.writer import Converted
 from rlbatch.core.errors import ConfigError, DataError
 
 TRAIN_BATCH = "data.train_batch_size"
@@ -210,7 +210,7 @@ def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
 
 
 def convert(path: Path, res) -> Converted:
-    from rlbatch.backends.ingest import build_config, max_logged
+    from rlbatch.interop.ingest import build_config, max_logged
 
     p, g = res.require_batch("the file logger records neither batch size nor wall clock "
                              "(samples = step x prompts x samples per prompt)")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from rlbatch.backends.ingest.common import FrameworkConfig
+from rlbatch.interop.ingest.common import FrameworkConfig
 from rlbatch.core.config import LR_EXPONENTS, scaled_lr
 from rlbatch.core.errors import ConfigError
 

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlbatch.backends.ingest.common import FrameworkConfig
-from rlbatch.backends.ingest.writer import Converted, write_run
+from rlbatch.interop.ingest.common import FrameworkConfig
+from rlbatch.interop.ingest.writer import Converted, write_run
 from rlbatch.core.config import LR_EXPONENTS
 from rlbatch.core.errors import ConfigError
 
@@ -83,7 +83,7 @@ class Resolved:
 def framework_module(framework: str):
     if framework not in FRAMEWORKS:
         raise ConfigError(f"unknown framework '{framework}'; use one of {', '.join(FRAMEWORKS)}")
-    return importlib.import_module(f"rlbatch.backends.ingest.{FRAMEWORKS[framework]}")
+    return importlib.import_module(f"rlbatch.interop.ingest.{FRAMEWORKS[framework]}")
 
 
 def read_framework_config(framework: str, path: str | Path,

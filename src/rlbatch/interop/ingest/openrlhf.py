@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlbatch.backends.ingest.common import (
+from rlbatch.interop.ingest.common import (
     FrameworkConfig,
     Settings,
     as_float,
@@ -38,7 +38,7 @@ from rlbatch.backends.ingest.common import (
     shell_tokens,
     tb_step_records,
 )
-from rlbatch.backends.ingest.writer import Converted
+from rlbatch.interop.ingest.writer import Converted
 
 ROLLOUT, N, TRAIN = "--rollout_batch_size", "--n_samples_per_prompt", "--train_batch_size"
 MICRO, LR, CRITIC_LR = "--micro_train_batch_size", "--actor_learning_rate", "--critic_learning_rate"
@@ -131,7 +131,7 @@ def _step_rows(train: list, evals: dict, batch: tuple, origin: float, algorithm:
 
 
 def convert(path: Path, res) -> Converted:
-    from rlbatch.backends.ingest import build_config, max_logged
+    from rlbatch.interop.ingest import build_config, max_logged
 
     p, g = res.require_batch("TensorBoard logs do not record the batch size "
                              "(samples = step x prompts x samples per prompt)")

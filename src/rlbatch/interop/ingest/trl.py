@@ -34,7 +34,7 @@ import json
 import math
 from pathlib import Path
 
-from rlbatch.backends.ingest.common import (
+from rlbatch.interop.ingest.common import (
     FrameworkConfig,
     Settings,
     as_float,
@@ -47,7 +47,7 @@ from rlbatch.backends.ingest.common import (
     read_tensorboard,
     tb_step_records,
 )
-from rlbatch.backends.ingest.writer import Converted
+from rlbatch.interop.ingest.writer import Converted
 from rlbatch.core.errors import ConfigError, DataError
 
 PER_DEVICE, ACCUM = "per_device_train_batch_size", "gradient_accumulation_steps"
@@ -204,7 +204,7 @@ def _rows(train: list, batch: tuple, k: float, reward_key: str | None, warnings:
 
 
 def convert(path: Path, res) -> Converted:
-    from rlbatch.backends.ingest import build_config, max_logged
+    from rlbatch.interop.ingest import build_config, max_logged
 
     p, g = res.require_batch("its logs count optimizer steps, not samples")
     k = res.updates_per_step or 1

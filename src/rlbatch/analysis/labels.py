@@ -1,0 +1,74 @@
+"""Labels and small number helpers shared by the figure and table data (no torch).
+
+`config_labels`: the report's labels, `B=256 (32x8) lr=0.000141 sqrt`; `short_labels`: the
+CLI's 80-column labels, `B256 lr1.41e-4`; `target_line`: the absolute target a figure draws.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _finite(x) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _ratio(num, den) -> float | None:
+    return None if num is None or not den else _finite(num / den)
+
+
+def config_labels(entries: list[dict]) -> dict[str, str]:
+    """Config id -> a short label `B=256 (32x8) lr=0.000141 sqrt`; labels that would
+    collide get the config id's hash appended."""
+    labels = {}
+    for e in entries:
+        b = e.get("sequences_per_step")
+        if b is None:
+            labels[e["config"]] = str(e["config"])
+            continue
+        parts = [f"B={b}"]
+        if e.get("prompts_per_step") is not None and e.get("samples_per_prompt") is not None:
+            parts.append(f"({e['prompts_per_step']}x{e['samples_per_prompt']})")
+        if e.get("lr") is not None:
+            parts.append(f"lr={e['lr']:.3g}")
+        if e.get("lr_scaling"):
+            parts.append(str(e["lr_scaling"]))
+        labels[e["config"]] = " ".join(parts)
+    counts: dict[str, int] = {}
+    for lab in labels.values():
+        counts[lab] = counts.get(lab, 0) + 1
+    return {c: (f"{lab} #{c.rsplit('-', 1)[-1][:6]}" if counts[lab] > 1 else lab)
+            for c, lab in labels.items()}
+
+
+def target_line(doc: dict) -> float | None:
+    """The absolute target to draw: the configured value, or for a relative target the one
+    threshold all runs share (None when they differ: each run then has its own)."""
+    t = doc["target"]
+    if t.get("value") is not None:
+        return t["value"]
+    thresholds = t.get("thresholds") or []
+    return thresholds[0] if len(thresholds) == 1 else None
+
+
+def short_labels(entries: list[dict]) -> dict[str, str]:
+    """Config id -> a label for 80-column tables: `B256 lr1.41e-4`, with the LR rule added
+    when it is not sqrt (`B256 lr1e-4 none`); colliding labels get the id's hash appended."""
+    labels = {}
+    for e in entries:
+        b = e.get("sequences_per_step")
+        if b is None:
+            labels[e["config"]] = str(e["config"])[:24]
+            continue
+        lab = f"B{b}" + ("" if e.get("lr") is None else f" lr{e['lr']:.3g}")
+        if e.get("lr_scaling") not in (None, "sqrt"):
+            lab += f" {e['lr_scaling']}"
+        labels[e["config"]] = lab
+    counts: dict[str, int] = {}
+    for lab in labels.values():
+        counts[lab] = counts.get(lab, 0) + 1
+    return {c: (f"{lab} #{c.rsplit('-', 1)[-1][:4]}" if counts[lab] > 1 else lab)
+            for c, lab in labels.items()}

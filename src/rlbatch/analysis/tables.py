@@ -1,0 +1,123 @@
+"""Decision and table data of `rlbatch report` (docs/design.md, house rule 8): the
+recommended configuration with its measured and predicted saving, and the configuration and
+run tables. Pure: the analysis document, the runs' configs and profile.json in, JSON-ready
+dicts out. No torch.
+
+Measured saving = 1 - T_rec / T_ref (medians). Its interval uses the analysis's own bootstrap
+draws (stats.config_boot, same seeds and resamples), censored runs widening it as in
+stats.compare. The predicted saving uses the McCandlish prediction (no interval).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from rlbatch.analysis import stats
+from rlbatch.analysis.labels import _finite, _ratio, config_labels
+from rlbatch.analysis.runs import RunFrames
+
+
+def saving_interval(cand: dict, ref: dict, settings: dict) -> list:
+    """Interval of 1 - T_cand/T_ref from the analysis's bootstrap draws of both medians
+    (censored runs at their lower bound for one end, at +inf for the other); None = unbounded."""
+    n_boot, seed, ci = settings["bootstrap_resamples"], settings["bootstrap_seed"], settings["ci"]
+    a = stats.config_boot(cand["config"], cand["runs"], n_boot, seed)
+    b = stats.config_boot(ref["config"], ref["runs"], n_boot, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = stats.raw_interval(a.time_lo / b.time_hi, a.time_hi / b.time_lo, ci)
+    return [_finite(1.0 - hi), _finite(1.0 - lo)]
+
+
+def _concurrency(configs: dict | None, config: str) -> int | None:
+    c = ((configs or {}).get(config) or {}).get("rollout") or {}
+    return c.get("generation_concurrency") if isinstance(c, dict) else None
+
+
+def decision_data(doc: dict, profile: dict | None = None, configs: dict | None = None) -> dict:
+    """The recommended P, G, LR and C with its measured (and predicted) saving against the
+    reference; `recommended: false` with the reason when there is none."""
+    rec = doc.get("recommendation")
+    if rec is None:
+        reason = (profile or {}).get("problem") or doc.get("problem") or \
+            "the reference has no time to target"
+        return {"recommended": False, "reason": reason}
+    entries = {e["config"]: e for e in doc["configs"]}
+    e, ref = entries[rec["config"]], entries[doc["reference"]["config"]]
+    labels = config_labels(doc["configs"])
+    dec = (profile or {}).get("decision") or {}
+    ratio = _ratio(rec["time_to_target"], ref["time_to_target"])
+    saving = None if rec["is_reference"] or ratio is None else 1.0 - ratio
+    pred = _ratio(e.get("predicted_time_to_target"), ref.get("predicted_time_to_target"))
+    return {
+        "recommended": True, "config": rec["config"], "label": labels[rec["config"]],
+        "is_reference": rec["is_reference"],
+        "prompts_per_step": dec.get("prompts_per_step", e["prompts_per_step"]),
+        "samples_per_prompt": dec.get("samples_per_prompt", e["samples_per_prompt"]),
+        "sequences_per_step": e["sequences_per_step"], "lr": e["lr"],
+        "generation_concurrency": dec.get("generation_concurrency",
+                                          _concurrency(configs, rec["config"])),
+        "reference": ref["config"], "reference_label": labels[ref["config"]],
+        "time_to_target": rec["time_to_target"], "time_to_target_ci": rec["time_to_target_ci"],
+        "reference_time_to_target": ref["time_to_target"],
+        "reference_time_to_target_ci": ref["time_to_target_ci"],
+        "measured_saving": saving,
+        "measured_saving_ci": None if rec["is_reference"]
+        else saving_interval(e, ref, doc["settings"]),
+        "p_faster": rec["p_faster_than_reference"], "speedup": rec["speedup_vs_reference"],
+        "predicted_saving": None if rec["is_reference"] or pred is None else 1.0 - pred,
+        "b_noise": (doc.get("prediction") or {}).get("b_noise"),
+        "b_noise_source": (doc.get("prediction") or {}).get("b_noise_source"),
+        "ci": doc["settings"]["ci"], "target": doc["target"],
+        "evidence": rec.get("evidence"), "next": rec.get("next"), "seeds": rec.get("seeds"),
+        "compared": [labels[c["config"]] + f" ({c['seeds']} seeds)"
+                     for c in rec.get("compared") or []],
+    }
+
+
+def configs_table(doc: dict) -> list[dict]:
+    """One row per configuration: label, B, LR, seeds, N*, T, q (+ intervals), verdict."""
+    labels = config_labels(doc.get("configs", []))
+    keys = ("config", "sequences_per_step", "lr", "lr_scaling", "seeds", "samples_to_target",
+            "samples_to_target_ci", "samples_to_target_lower_bound", "time_to_target",
+            "time_to_target_ci", "time_to_target_lower_bound", "throughput", "verdict",
+            "predicted_time_to_target")
+    return [{k: e.get(k) for k in keys} | {"label": labels[e["config"]],
+                                          "is_reference": e["config"] == doc["reference"]["config"]}
+            for e in doc.get("configs", [])]
+
+
+def _rel_link(run: str, out_dir: str) -> str:
+    rel = os.path.relpath(os.path.abspath(run), os.path.abspath(out_dir))
+    return rel.replace(os.sep, "/").rstrip("/") + "/"
+
+
+def runs_table(doc: dict, configs: dict | None, profile: dict | None, out_dir: str) -> list[dict]:
+    """One row per run: relative link to its folder (from `out_dir`), name, task, seed,
+    config label, N*, T, q, censoring and (from profile.json) the trial, kind and status."""
+    labels = config_labels(doc.get("configs", []))
+    trials = {os.path.basename(os.path.normpath(t["run_dir"])): t
+              for t in (profile or {}).get("trials", [])}
+    rows = []
+    for e in doc.get("configs", []):
+        cfg = (configs or {}).get(e["config"]) or {}
+        task = cfg.get("task") if isinstance(cfg.get("task"), dict) else {}
+        for r in e["runs"]:
+            t = trials.get(os.path.basename(os.path.normpath(r["run"]))) or {}
+            rows.append({"link": _rel_link(r["run"], out_dir), "run_id": r["run_id"],
+                         "name": cfg.get("name"), "task": task.get("name"),
+                         "config": e["config"], "label": labels[e["config"]], "seed": r["seed"],
+                         "samples_to_target": r["samples_to_target"],
+                         "time_to_target": r["time_to_target"], "censored": r["censored"],
+                         "last_samples": r["last_samples"], "throughput": r["throughput"],
+                         "trial": t.get("trial"), "kind": t.get("kind"),
+                         "status": t.get("status"), "stop_reason": t.get("stop_reason")})
+    return rows
+
+
+def logged_metrics(frames: RunFrames | None) -> list[str]:
+    """Evaluation metric keys (eval/*) logged by any run."""
+    if frames is None:
+        return []
+    return sorted(str(c) for c in frames.evals.columns if str(c).startswith("eval/"))
