@@ -4,9 +4,11 @@ killed and resumed, agreeing with `rlbatch analyze` on the same runs; and the Ra
 To make the larger batch win by construction (not by where a machine's arithmetic lands),
 every rollout step sleeps `rollout.simulated_latency_s` (a fixed per-step cost, as a remote
 generation service would add): samples per second then grow with B whatever the CPU, so
-B = 512 reaches the target in less training time than B0 = 128 across seeds. The margin is
-wide (log ratio 1.0) because two seeds cannot resolve N* to 15%; the test is about the
-procedure, not about this workload's invariance.
+B = 512 reaches the target in less training time than B0 = 128 across seeds. On an idle
+2-core machine the 1 s sleep is ~10x a B0 step's compute, so B = 512 has ~3x the throughput;
+only a machine slowed several-fold by other work could flip it. The margin is wide (log
+ratio 1.0) because two seeds cannot resolve N* to 15%; the test is about the procedure, not
+about this workload's invariance.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import pytest
 
 from rlbatch.core.runlog import read_jsonl
 
-WINS = ["--batches", "64", "--concurrency", "64", "--set", "target.gain=0.1",
+WINS = ["--batches", "64", "--concurrency", "64", "--set", "target.gain=0.08",
         "--set", "eval.prompts=512", "--set", "eval.every_samples=256",
         "--set", "profile.fixed_lr_control=false", "--set", "profile.margin=1.0",
-        "--set", "rollout.simulated_latency_s=0.5", "--set", "budget.max_samples=32768"]
+        "--set", "rollout.simulated_latency_s=1.0", "--set", "budget.max_samples=32768"]
 
 
 def _profile_cmd(out: Path, *extra: str) -> list[str]:
@@ -122,7 +124,7 @@ def test_analyze_gives_the_profiles_decision_on_the_same_runs(resumed):
     assert (rec["config"], rec["evidence"], rec["seeds"]) == \
         (dec["config"], dec["evidence"], dec["seeds"])
     assert rec["time_ratio_ci"] == dec["time_ratio_ci"]
-    assert doc["target"]["gain"] == 0.1 and len(doc["target"]["thresholds"]) == 1
+    assert doc["target"]["gain"] == 0.08 and len(doc["target"]["thresholds"]) == 1
 
 
 @pytest.mark.slow

@@ -1,0 +1,54 @@
+"""The LR schedule in samples: each update gets the mean of lr(s) over its slice of samples,
+so LR x samples summed over updates equals the schedule's integral for every B."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlbatch.algos.lr import lr_at, lr_mean, update_lrs
+
+PEAK, W = 1e-3, 1000
+
+
+def integral(a: float, b: float, n: int = 200_000) -> float:
+    """Slow reference: midpoint rule on the schedule itself."""
+    h = (b - a) / n
+    return sum(lr_at(a + (i + 0.5) * h, PEAK, W) for i in range(n)) * h
+
+
+@pytest.mark.parametrize("a,b", [(0, 100), (0, 1000), (0, 4000), (500, 1500), (1200, 1300),
+                                 (999, 1001)])
+def test_lr_mean_is_the_exact_average_of_the_schedule(a, b):
+    assert lr_mean(a, b, PEAK, W) * (b - a) == pytest.approx(integral(a, b), rel=1e-6)
+
+
+@pytest.mark.parametrize("sequences", [256, 1000, 4096])  # B below, equal to and above W
+@pytest.mark.parametrize("minibatches,epochs", [(1, 1), (4, 1), (4, 2)])
+def test_applied_lr_follows_the_schedule_in_samples_for_any_batch(sequences, minibatches,
+                                                                   epochs):
+    total, s0 = 0.0, 0
+    applied = []
+    while s0 < 4096:
+        lrs = update_lrs(s0, sequences, minibatches, epochs, PEAK, W)
+        assert len(lrs) == minibatches * epochs
+        assert lrs[:minibatches] * epochs == lrs  # every epoch revisits the same slices
+        # one epoch's updates cover the step's samples once: sum lr x slice = the integral
+        total += sum(lrs[:minibatches]) * sequences / minibatches
+        applied.append(lrs[0])
+        s0 += sequences
+    assert total == pytest.approx(integral(0, s0), rel=1e-6)
+    # the first update is warmed up even when one step holds more than W samples
+    assert applied[0] < PEAK
+    if sequences >= W:
+        assert applied[0] == pytest.approx(lr_mean(0, sequences / minibatches, PEAK, W))
+
+
+def test_the_old_end_of_step_rule_would_skip_warm_up_at_large_batch():
+    # reading lr at the end of a step of B >= W samples gives the peak at once ...
+    assert lr_at(4096, PEAK, W) == PEAK
+    # ... while the mean over that step's samples is well below it
+    assert update_lrs(0, 4096, 1, 1, PEAK, W)[0] == pytest.approx(PEAK * (500 + 3096) / 4096)
+
+
+def test_no_warm_up_is_the_peak_everywhere():
+    assert update_lrs(0, 128, 2, 2, PEAK, 0) == [PEAK] * 4
