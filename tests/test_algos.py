@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from rlbatch.algos.advantages import gae, grpo_advantages, masked_whiten, outcome_token_rewards
-from rlbatch.algos.losses import (aggregate, clipped_surrogate, clipped_value_loss, kl_k3,
-                                  token_logprobs)
+from rlbatch.algos.losses import (
+    aggregate,
+    clipped_surrogate,
+    clipped_value_loss,
+    kl_k3,
+    token_logprobs,
+)
 from rlbatch.algos.lr import lr_at
 
 

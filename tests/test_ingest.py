@@ -14,10 +14,10 @@ import pytest
 
 from rlbatch.analysis.crossing import Target, run_result
 from rlbatch.analysis.runs import load_runs
-from rlbatch.interop.ingest import IngestOptions, convert
-from rlbatch.interop.ingest import writer as ingest_writer
 from rlbatch.cli.main import main
 from rlbatch.core.runlog import read_run
+from rlbatch.interop.ingest import IngestOptions, convert
+from rlbatch.interop.ingest import writer as ingest_writer
 
 FIX = Path(__file__).parent / "fixtures" / "ingest"
 PG = ["--prompts-per-step", "4", "--samples-per-prompt", "2"]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from rlbatch.cli.main import main
 from rlbatch.interop.ingest import read_framework_config
 from rlbatch.interop.plan import make_plan, merge_base
-from rlbatch.cli.main import main
 
 FIX = Path(__file__).parent / "fixtures" / "ingest"
 BASE = ["--base-prompts", "128", "--samples-per-prompt", "8", "--base-lr", "1e-6"]

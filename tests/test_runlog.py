@@ -7,8 +7,14 @@ import json
 import pytest
 
 from rlbatch.core.errors import DataError
-from rlbatch.core.runlog import (STEP_REQUIRED, RunWriter, make_run_id, read_jsonl, read_run,
-                                 truncate_jsonl_after_step)
+from rlbatch.core.runlog import (
+    STEP_REQUIRED,
+    RunWriter,
+    make_run_id,
+    read_jsonl,
+    read_run,
+    truncate_jsonl_after_step,
+)
 from rlbatch.core.timers import PhaseTimer
 
 

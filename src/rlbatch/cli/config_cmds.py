@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 import yaml
 from rich.console import Console
@@ -19,9 +17,9 @@ config_app = typer.Typer(help="Resolve and validate configurations.", no_args_is
 
 @config_app.command("show")
 def show(
-    config: Optional[str] = typer.Argument(None, help="YAML config file"),
-    preset: Optional[str] = PresetOption,
-    set_: Optional[list[str]] = SetOption,
+    config: str | None = typer.Argument(None, help="YAML config file"),
+    preset: str | None = PresetOption,
+    set_: list[str] | None = SetOption,
     as_json: bool = typer.Option(False, "--json", help="print the resolved config as JSON"),
 ) -> None:
     """Print the resolved config, with derived values (B, updates per step, scaled LR)."""
@@ -34,9 +32,9 @@ def show(
 
 @config_app.command("check")
 def check(
-    config: Optional[str] = typer.Argument(None, help="YAML config file"),
-    preset: Optional[str] = PresetOption,
-    set_: Optional[list[str]] = SetOption,
+    config: str | None = typer.Argument(None, help="YAML config file"),
+    preset: str | None = PresetOption,
+    set_: list[str] | None = SetOption,
 ) -> None:
     """Validate a config; exit 2 with one line naming the field and file:line if it is bad."""
     cfg = resolve(config, preset, set_)

@@ -11,10 +11,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlbatch.interop.ingest import read_framework_config
-from rlbatch.interop.plan import fmt, make_plan, merge_base
 from rlbatch.cli.common import print_json
 from rlbatch.core.errors import ConfigError
+from rlbatch.interop.ingest import read_framework_config
+from rlbatch.interop.plan import fmt, make_plan, merge_base
 
 
 def _ints(text: str, flag: str) -> list[int]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.console import Console
 from rich.live import Live
@@ -16,7 +14,7 @@ from rlbatch.core.errors import ConfigError
 err = Console(stderr=True)
 
 
-def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:
+def _ints(text: str | None, flag: str) -> list[int] | None:
     if text is None:
         return None
     try:
@@ -41,19 +39,19 @@ def _table(rows: list[dict], metric: str) -> Table:
 
 
 def profile(
-    config: Optional[str] = typer.Argument(None, help="YAML config naming the baseline "
+    config: str | None = typer.Argument(None, help="YAML config naming the baseline "
                                            "(optimizer.reference_sequences/_lr), target, profile:"),
-    preset: Optional[str] = PresetOption,
-    set_: Optional[list[str]] = SetOption,
-    batches: Optional[str] = typer.Option(None, help="candidate prompt batches P, e.g. 8,32,64"),
-    seeds: Optional[int] = typer.Option(None, help="seeds per configuration"),
-    concurrency: Optional[str] = typer.Option(None, help="decode sweep values of C"),
-    budget_train_s: Optional[float] = typer.Option(None, help="training-seconds cap per trial"),
-    backend: Optional[str] = typer.Option(None, help="trainer for the trials: builtin | trl"),
+    preset: str | None = PresetOption,
+    set_: list[str] | None = SetOption,
+    batches: str | None = typer.Option(None, help="candidate prompt batches P, e.g. 8,32,64"),
+    seeds: int | None = typer.Option(None, help="seeds per configuration"),
+    concurrency: str | None = typer.Option(None, help="decode sweep values of C"),
+    budget_train_s: float | None = typer.Option(None, help="training-seconds cap per trial"),
+    backend: str | None = typer.Option(None, help="trainer for the trials: builtin | trl"),
     executor: str = typer.Option("local", help="local | ray"),
-    address: Optional[str] = typer.Option(None, help="Ray cluster address (e.g. auto)"),
-    workers: Optional[int] = typer.Option(None, help="trials at once (default 1 on 2 cores)"),
-    out: Optional[str] = typer.Option(None, "--out", help="profile directory"),
+    address: str | None = typer.Option(None, help="Ray cluster address (e.g. auto)"),
+    workers: int | None = typer.Option(None, help="trials at once (default 1 on 2 cores)"),
+    out: str | None = typer.Option(None, "--out", help="profile directory"),
     as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
 ) -> None:
     """Run the two-pass procedure: baseline, sqrt-scaled candidates and a fixed-LR control,

@@ -10,7 +10,7 @@ from rlbatch.cli.common import print_json
 
 
 def report(
-    paths: list[str] = typer.Argument(..., help="profile, sweep or run directories"),
+    paths: list[str] = typer.Argument(..., help="profile, sweep or run directories"),  # noqa: B008
     output: str = typer.Option("report.html", "-o", "--output", help="report file to write"),
     fmt: str = typer.Option("html", "--format", help="html (one self-contained file) or md "
                                                      "(Markdown + PNG files beside it)"),

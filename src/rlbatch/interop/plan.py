@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from rlbatch.interop.ingest.common import FrameworkConfig
 from rlbatch.core.config import LR_EXPONENTS, scaled_lr
 from rlbatch.core.errors import ConfigError
+from rlbatch.interop.ingest.common import FrameworkConfig
 
 FRAMEWORKS = ("verl", "openrlhf", "trl", "prime-rl")
 SCHEDULER_UNIT = {"verl": "rollout step (update_actor call)", "openrlhf": "optimizer step",

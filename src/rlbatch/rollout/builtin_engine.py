@@ -46,7 +46,7 @@ def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
 class _Step:
     """Per-iteration decode bookkeeping shared by all layers."""
 
-    __slots__ = ("rows", "pos", "width", "bias", "full", "lockstep")
+    __slots__ = ("bias", "full", "lockstep", "pos", "rows", "width")
 
     def __init__(self, rows, pos, width, bias, full, lockstep):
         self.rows, self.pos, self.width, self.bias = rows, pos, width, bias
@@ -64,7 +64,7 @@ class BuiltinEngine:
             )
         self.model = model
         self.core = model.model
-        self.eos = set(int(e) for e in eos_ids)
+        self.eos = {int(e) for e in eos_ids}
         self.pad_id = pad_id
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
@@ -85,7 +85,7 @@ class BuiltinEngine:
         half = self.head_dim // 2
         return (q * c + q.roll(half, -1) * s, k * c + k.roll(half, -1) * s, v)
 
-    def _attn_decode(self, a, x, cos, sin, k_cache, v_cache, st: "_Step"):
+    def _attn_decode(self, a, x, cos, sin, k_cache, v_cache, st: _Step):
         """One new token per row. Manual attention over the first st.width cache positions;
         grouped-query heads are matched by reshaping q (no repeat of K/V)."""
         q, k, v = self._qkv(a, x, cos, sin)  # q (n, h, 1, D), k/v (n, kv, 1, D)
@@ -181,8 +181,8 @@ class BuiltinEngine:
                 break
             sync()
             t0 = time.perf_counter()
-            tok = self._decode_step(active, C, slot_pos, next_tok, caches, cos_tab, sin_tab,
-                                    pos_all, params, generator, slot_seq, responses, logps)
+            self._decode_step(active, C, slot_pos, next_tok, caches, cos_tab, sin_tab,
+                              pos_all, params, generator, slot_seq, responses, logps)
             for s in active:
                 slot_pos[s] += 1
             self._retire(active, slot_seq, params, responses, reasons)

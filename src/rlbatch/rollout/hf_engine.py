@@ -49,8 +49,9 @@ class HFEngine:
         for j, p in enumerate(chunk):
             ids[j, width - len(p):] = torch.tensor(p)
             attn[j, width - len(p):] = 1
-        kwargs = dict(do_sample=False) if params.greedy else dict(
-            do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
+        kwargs = {"do_sample": False} if params.greedy else {
+            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
+            "top_k": 0}
         out = self.model.generate(
             input_ids=ids.to(device), attention_mask=attn.to(device),
             max_new_tokens=params.max_new_tokens, eos_token_id=sorted(self.eos) or None,

@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlbatch.interop.ingest.common import FrameworkConfig
-from rlbatch.interop.ingest.writer import Converted, write_run
 from rlbatch.core.config import LR_EXPONENTS
 from rlbatch.core.errors import ConfigError
+from rlbatch.interop.ingest.common import FrameworkConfig
+from rlbatch.interop.ingest.writer import Converted, write_run
 
 FRAMEWORKS = {"verl": "verl", "openrlhf": "openrlhf", "trl": "trl", "prime-rl": "prime_rl"}
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlbatch.core.errors import ConfigError, DataError
 from rlbatch.interop.ingest.common import (
     FrameworkConfig,
     Settings,
@@ -43,7 +44,6 @@ from rlbatch.interop.ingest.common import (
     read_records,
 )
 from rlbatch.interop.ingest.writer import Converted
-from rlbatch.core.errors import ConfigError, DataError
 
 BATCH = ("orchestrator.batch_size", "batch_size")
 GROUP = ("orchestrator.rollouts_per_example", "rollouts_per_example")

@@ -34,6 +34,7 @@ import json
 import math
 from pathlib import Path
 
+from rlbatch.core.errors import ConfigError, DataError
 from rlbatch.interop.ingest.common import (
     FrameworkConfig,
     Settings,
@@ -48,7 +49,6 @@ from rlbatch.interop.ingest.common import (
     tb_step_records,
 )
 from rlbatch.interop.ingest.writer import Converted
-from rlbatch.core.errors import ConfigError, DataError
 
 PER_DEVICE, ACCUM = "per_device_train_batch_size", "gradient_accumulation_steps"
 GENS = "num_generations"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from rlbatch.core.errors import ConfigError, DataError
 from rlbatch.interop.ingest.common import (
     FrameworkConfig,
     Settings,
@@ -42,7 +43,6 @@ from rlbatch.interop.ingest.common import (
     shell_tokens,
 )
 from rlbatch.interop.ingest.writer import Converted
-from rlbatch.core.errors import ConfigError, DataError
 
 TRAIN_BATCH = "data.train_batch_size"
 ROLLOUT_N = "actor_rollout_ref.rollout.n"
