@@ -185,3 +185,16 @@ def test_config_show_json(capsys):
     doc = json.loads(out.strip().splitlines()[-1])
     assert doc["derived"]["sequences_per_step"] == 256
     assert math.isclose(doc["derived"]["actor_lr"], 1e-4 * math.sqrt(2))
+
+
+def test_noise_scale_without_two_micro_batches_is_refused_with_the_size_to_set():
+    from rlbatch.core.errors import ConfigError
+    from rlbatch.core.loading import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(preset="grpo-tiny", overrides=["noise_scale.enabled=true"])
+    msg = str(err.value)
+    assert "noise_scale" in msg and "batch.micro_batch_sequences <= 64" in msg
+    ok = load_config(preset="grpo-tiny", overrides=["noise_scale.enabled=true",
+                                                     "batch.micro_batch_sequences=64"])
+    assert ok.micro_batch_sequences == 64

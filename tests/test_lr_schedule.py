@@ -4,6 +4,7 @@ so LR x samples summed over updates equals the schedule's integral for every B."
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rlbatch.algos.lr import lr_at, lr_mean, update_lrs
 
@@ -52,3 +53,42 @@ def test_the_old_end_of_step_rule_would_skip_warm_up_at_large_batch():
 
 def test_no_warm_up_is_the_peak_everywhere():
     assert update_lrs(0, 128, 2, 2, PEAK, 0) == [PEAK] * 4
+
+
+class LrRecorder(torch.optim.SGD):
+    """A real optimizer that records the LR it steps with."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+        self.applied: list[float] = []
+
+    def step(self, closure=None):
+        self.applied.append(self.param_groups[0]["lr"])
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("sequences", [6, 1000 // 100 * 6, 4096])
+def test_actor_and_critic_updates_step_with_the_schedule(small_llama, sequences):
+    """The LR each optimizer step actually uses equals update_lrs, update by update."""
+    from rlbatch.backends.builtin.batch import build_batch
+    from rlbatch.backends.builtin.critic import ValueModel
+    from rlbatch.backends.builtin.update import actor_update, critic_update
+    from test_grad_invariance import _rollouts
+
+    ro = _rollouts()
+    batch = build_batch(ro, pad_id=0)
+    # schedule position: this step starts at 1,000 - 3 samples, the step holds `sequences`
+    lrs = update_lrs(997, sequences, 3, 2, PEAK, W)
+    opt = LrRecorder(small_llama.parameters())
+    actor_update(small_llama, opt, batch, ro.logprobs, torch.ones(6), None, temperature=1.0,
+                 clip_low=0.2, clip_high=0.2, kl_coef=0.0, minibatches=3, epochs=2, micro=2,
+                 max_grad_norm=None, generator=torch.Generator().manual_seed(0), noise=None,
+                 lrs=lrs)
+    assert opt.applied == lrs and len(set(lrs)) > 1  # warm-up crosses W inside this step
+    critic = ValueModel(small_llama)
+    copt = LrRecorder(critic.parameters())
+    zeros = torch.zeros_like(ro.logprobs)
+    critic_update(critic, copt, batch, zeros, zeros + 1.0, value_clip=None, minibatches=3,
+                  epochs=2, micro=2, max_grad_norm=None,
+                  generator=torch.Generator().manual_seed(0), noise=None, lrs=lrs)
+    assert copt.applied == lrs

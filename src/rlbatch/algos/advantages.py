@@ -4,7 +4,10 @@
   eq. 3/outcome supervision): within each group of G responses to one prompt,
   A_i = (r_i - mean(r)) / (std(r) + eps), or the mean-only variant A_i = r_i - mean(r)
   (Liu et al. 2025, "Dr. GRPO", which drops the std division). std is the population std
-  (unbiased=False); a group with identical rewards gets zero advantage.
+  (unbiased=False); a group with identical rewards gets zero advantage. With `valid`, the
+  samples marked False (rewards dropped by the reward policy, `reward.on_error: drop`) are
+  left out of their group's mean and std and get zero advantage; a group with fewer than
+  two valid samples gets zero advantage throughout.
 - `gae`: generalized advantage estimation (Schulman et al. 2016, eq. 16) over response tokens
   with a terminal outcome reward on the last valid token, as in PPO for LLMs (Ouyang et al.
   2022); returns = advantages + values.
@@ -17,10 +20,15 @@ import torch
 
 
 def grpo_advantages(rewards: torch.Tensor, group_size: int, norm: str = "std",
-                    eps: float = 1e-6) -> tuple[torch.Tensor, dict]:
-    """rewards (P*G,) ordered prompt-major (G consecutive rows per prompt) -> advantages (P*G,)."""
+                    eps: float = 1e-6, valid: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, dict]:
+    """rewards (P*G,) ordered prompt-major (G consecutive rows per prompt) -> advantages (P*G,).
+
+    valid (P*G,) bool, optional: samples to keep (the others are out of their group)."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    if valid is not None:
+        return _grpo_valid(rewards, group_size, norm, eps, valid)
     r = rewards.float().view(-1, group_size)  # (P, G)
     centered = r - r.mean(dim=1, keepdim=True)
     std = r.std(dim=1, unbiased=False, keepdim=True)  # (P, 1)
@@ -32,6 +40,25 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, norm: str = "std",
         raise ValueError(f"unknown advantage norm {norm!r}")
     solved = (std == 0).float().mean().item()
     return adv.view(-1), {"adv/zero_std_groups": solved}
+
+
+def _grpo_valid(rewards: torch.Tensor, group_size: int, norm: str, eps: float,
+                valid: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """`grpo_advantages` over the valid samples of each group only (same formulas)."""
+    if norm not in ("std", "mean"):
+        raise ValueError(f"unknown advantage norm {norm!r}")
+    r = rewards.float().view(-1, group_size)  # (P, G)
+    v = valid.view(-1, group_size).float()  # (P, G)
+    n = v.sum(dim=1, keepdim=True)  # (P, 1)
+    mean = (r * v).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    centered = (r - mean) * v
+    std = ((centered ** 2).sum(dim=1, keepdim=True) / n.clamp(min=1)).sqrt()  # population std
+    flat = (std == 0) | (n < 2)  # (P, 1): no learning signal in this group
+    if norm == "std":
+        adv = torch.where(flat, torch.zeros_like(centered), centered / (std + eps))
+    else:
+        adv = torch.where(n < 2, torch.zeros_like(centered), centered)
+    return adv.view(-1), {"adv/zero_std_groups": flat.float().mean().item()}
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,

@@ -13,6 +13,8 @@ summing micro-batch gradients gives exactly the minibatch gradient for any
   exp(ref - logp) - (ref - logp) - 1, unbiased and non-negative.
 - `clipped_value_loss`: PPO value loss with value clipping (as in OpenAI baselines / verl):
   0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
+- `zero_gradient_rows`: the sequences whose clipped-surrogate loss has an exactly zero
+  gradient (zero advantage on every valid token and no KL term), which the update skips.
 """
 
 from __future__ import annotations
@@ -62,6 +64,25 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
         return 0.5 * err
     v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
     return 0.5 * torch.maximum(err, (v_clip - returns) ** 2)
+
+
+def zero_gradient_rows(advantages: torch.Tensor, mask: torch.Tensor,
+                       kl_active: bool) -> torch.Tensor:
+    """(N,) bool: rows whose per-token clipped-surrogate loss has an exactly zero gradient.
+
+    With A = 0 every term of -min(r A, clip(r) A) is r * 0 or clip(r) * 0, whose derivative
+    with respect to the log-probability is exactly 0 (the clipped branch has none, the other
+    A r = 0): a GRPO group with all-equal rewards (advantage 0) contributes nothing. A KL
+    term (kl_active) has a non-zero gradient for every token, so then no row qualifies.
+    advantages (N,) (GRPO) or (N, T) (PPO: zero on every valid token); mask (N, T) bool.
+    Only exact zeros count: a row is never skipped on approximation.
+    """
+    n = mask.shape[0]
+    if kl_active:
+        return torch.zeros(n, dtype=torch.bool, device=mask.device)
+    if advantages.dim() == 1:
+        return advantages == 0
+    return ~((advantages != 0) & mask).any(dim=1)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from rlbatch.core.errors import DataError
-from rlbatch.core.runlog import Run, find_runs, read_run, stable_hash
+from rlbatch.core.runlog import Run, find_runs, identity, read_run, stable_hash
 
 RUN_COLUMNS = ("run", "run_id", "config", "seed", "algorithm", "prompts_per_step",
                "samples_per_prompt", "sequences_per_step", "lr", "lr_scaling",
@@ -66,8 +66,9 @@ class RunFrames:
 
 def configuration(config: dict) -> dict:
     """The configuration of a run: its resolved config without `seed`, `output_dir` and
-    `trackers` (where it writes and which sinks it feeds do not change the experiment)."""
-    return {k: v for k, v in config.items() if k not in ("seed", "output_dir", "trackers")}
+    `trackers` (where it writes and which sinks it feeds do not change the experiment), nor
+    the reward pool size and default reward policy (`core.runlog.identity`)."""
+    return {k: v for k, v in identity(config).items() if k != "seed"}
 
 
 def config_id(config: dict) -> str:

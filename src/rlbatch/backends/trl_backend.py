@@ -46,6 +46,12 @@ Deviations from the built-in trainer (stated, not hidden):
   gradient norm is non-finite (counted in `actor/nonfinite_skipped`), and
   `nonfinite.max_consecutive` such steps in a row end the run as `diverged`.
 - Weight decay follows HF (not applied to biases and norm weights).
+- Rewards go through the same reward runner and policy as the built-in trainer (a worker
+  pool with a timeout for `module:function` rewards, faults counted per step, the run failed
+  past `reward.max_error_rate`), except `reward.on_error: drop`, which is refused: TRL's group
+  statistics cannot leave a sample out, so a faulted sample gets `reward.error_value`.
+- Any exception inside the run writes `status: failed` and `failure` before propagating, as
+  the built-in trainer does; `--resume` continues a failed run from its newest checkpoint.
 - Checkpoints are TRL/HF checkpoint folders under `<run>/trl/checkpoint-<optimizer step>`
   (plus rlbatch's `counters.json`), written at `checkpoint.every_samples` marks and at the end;
   `--resume` continues from the newest one (HF restores model, optimizer, scheduler, RNG and
@@ -62,10 +68,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from rlbatch.backends.builtin.runstate import RunState, open_run
+from rlbatch.backends.builtin.runstate import RunState, fault_rate_message, open_run
 from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError
 from rlbatch.core.runlog import _read_json, atomic_write_json
+from rlbatch.rollout.reward_runner import RewardError
 
 Callback = Callable[[str, dict], None]
 COUNTERS = "counters.json"
@@ -98,6 +105,9 @@ def check_trl_config(cfg: Config) -> None:
         raise ConfigError(f"algorithm: the trl backend runs GRPO only, not '{cfg.algorithm}'")
     if cfg.noise_scale.enabled:
         raise ConfigError("noise_scale.enabled: not measured by the trl backend; set it to false")
+    if cfg.reward.on_error == "drop":
+        raise ConfigError("reward.on_error: 'drop' is not supported by the trl backend (its "
+                          "group statistics cannot leave a sample out); use 'value'")
 
 
 def rollout_steps(cfg: Config) -> int:
@@ -201,16 +211,24 @@ def build_dataset(task, tokenizer, cfg: Config):
 
 
 class TaskReward:
-    """TRL reward function over the rlbatch task reward; also counts this step's tokens.
+    """TRL reward function over the rlbatch task reward (through the reward runner); also
+    counts this step's tokens and reward faults.
 
     Unscorable completions (reward None) are counted and scored 0, as in the built-in trainer
-    (TRL would drop them from the group baseline instead).
+    (TRL would drop them from the group baseline instead); a faulted call scores
+    `reward.error_value`.
     """
 
     __name__ = "task_reward"
 
-    def __init__(self, task, examples):
+    def __init__(self, task, examples, runner=None, error_value: float = 0.0, on_faults=None):
+        from rlbatch.core.config import RewardConfig
+        from rlbatch.rollout.reward_runner import RewardRunner
+
         self.task, self.examples = task, examples
+        self.runner = runner or RewardRunner(task, "exact", 1e-6, RewardConfig())
+        self.error_value = error_value
+        self.on_faults = on_faults or (lambda rows: None)
         self.reset()
 
     def reset(self) -> None:
@@ -218,18 +236,27 @@ class TaskReward:
         self.unscorable = 0
         self.tokens = 0
         self.lengths: list[int] = []
+        self.faults = {"errors": 0, "timeouts": 0, "nonfinite": 0}
 
     def __call__(self, prompts, completions, completion_ids, idx, **_) -> list[float]:
+        from rlbatch.rollout.reward_runner import Call
+
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        calls = [Call(self.examples[i].prompt, text, self.examples[i], i)
+                 for text, i in zip(texts, idx)]
+        scored = self.runner.score(calls)
+        self.on_faults(self.runner.log.new(self.runner.name, scored, calls))
         out = []
-        for completion, ids, i in zip(completions, completion_ids, idx):
-            text = completion[-1]["content"] if isinstance(completion, list) else completion
-            ex = self.examples[i]
-            r = self.task.reward(ex.prompt, text, ex)
-            if r is None:
+        for value, fault in zip(scored.values, scored.faults):
+            if fault is not None:
+                value = self.error_value
+            elif value is None:
                 self.unscorable += 1
-                r = 0.0
-            out.append(float(r))
-            self.lengths.append(len(ids))
+                value = 0.0
+            out.append(float(value))
+        for key, n in scored.counts().items():
+            self.faults[key] += n
+        self.lengths.extend(len(ids) for ids in completion_ids)
         self.rewards.extend(out)
         self.tokens += sum(len(ids) for ids in completion_ids)
         return out
@@ -414,20 +441,28 @@ class TRLRun:
             import torch
 
             torch.set_num_threads(int(os.environ["RLBATCH_THREADS"]))
+        from rlbatch.rollout.reward_runner import RewardRunner
+
         self.task = build_task(cfg.task)
+        self.runner = RewardRunner(self.task, cfg.task.reward, cfg.task.tolerance, cfg.reward)
         self.model_path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits,
                                              build_progress)
         self.state: RunState = open_trl_run(cfg, resume=resume, fresh=fresh)
         self.trainer = None
         if self.state.finished:
             return
-        self.checkpoint = latest_checkpoint(self.state.dir) if self.state.resuming else None
-        if self.checkpoint is not None:
-            self.state.load_counters(json.loads((self.checkpoint / COUNTERS).read_text()))
-        self.state.truncate_logs()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", _DEPRECATION, FutureWarning)
-            self._build()
+        try:
+            self.checkpoint = latest_checkpoint(self.state.dir) if self.state.resuming else None
+            if self.checkpoint is not None:
+                self.state.load_counters(json.loads((self.checkpoint / COUNTERS).read_text()))
+            self.state.truncate_logs()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", _DEPRECATION, FutureWarning)
+                self._build()
+        except BaseException as exc:  # any way out of the run is written down first
+            self.state.fail(exc)
+            self.runner.close()
+            raise
 
     def _build(self) -> None:
         import torch
@@ -443,7 +478,8 @@ class TRLRun:
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         dataset, examples = build_dataset(self.task, tok, cfg)
-        self.reward = TaskReward(self.task, examples)
+        self.reward = TaskReward(self.task, examples, self.runner, cfg.reward.error_value,
+                                 lambda rows: self.state.log_reward_faults(rows, "train"))
         U, B = cfg.updates_per_step, cfg.sequences_per_step
         base, warm = cfg.actor_lr, cfg.optimizer.warmup_samples
 
@@ -464,9 +500,18 @@ class TRLRun:
 
     # ---- the loop (HF drives it; the callback calls back into these) ----
     def run(self) -> dict:
+        if self.state.finished:
+            return self.state.summary
+        try:
+            return self._run()
+        except BaseException as exc:  # written down, then propagated
+            self.state.fail(exc)
+            raise
+        finally:
+            self.runner.close()
+
+    def _run(self) -> dict:
         st = self.state
-        if st.finished:
-            return st.summary
         if st.c["step"] == 0 and self.cfg.eval.at_start and not st.c["evals_done"]:
             self.evaluate()
         if st.status != "running":  # target reached at the start, or a final checkpoint
@@ -504,12 +549,16 @@ class TRLRun:
             "actor/clip_frac": _mean([r.get("clip_ratio/region_mean") for r in logs]),
             "adv/zero_std_groups": _mean([r.get("frac_reward_zero_std") for r in logs]),
             "actor/nonfinite_skipped": skipped,
+            **{f"reward/{k}": n for k, n in rw.faults.items()},
         })
+        st.count_reward_faults(len(rw.rewards), rw.faults)
         if cfg.loss.kl_coef > 0:
             row["actor/kl"] = _mean([r.get("kl") for r in logs])
         rw.reset()
         st.log_step(row)
         self.cb("step", row)
+        if (reason := st.reward_fault_rate_exceeded()) is not None:
+            raise RewardError(reason)
         while st.c["samples"] >= st.c["next_eval"]:
             self.evaluate()
         st.update_status(row)
@@ -527,6 +576,7 @@ class TRLRun:
 
         from rlbatch.rollout.engine import SamplingParams
         from rlbatch.rollout.models import encode_prompt
+        from rlbatch.rollout.reward_runner import Call
 
         cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
@@ -549,14 +599,23 @@ class TRLRun:
         texts = self.tok.batch_decode(
             [ids[:n] for ids, n in zip(ro.response_ids.tolist(), ro.lengths.tolist())],
             skip_special_tokens=True)
-        scores = [self.task.reward(e.prompt, t, e) for e, t in zip(reps, texts)]
+        calls = [Call(e.prompt, t, e, i // ev.k) for i, (e, t) in enumerate(zip(reps, texts))]
+        scored = self.runner.score(calls)
+        st.log_reward_faults(self.runner.log.new(self.runner.name, scored, calls), "eval")
+        ok = [s for s, f in zip(scored.values, scored.faults) if f is None]
         row = {"step": st.c["step"], "samples": st.c["samples"], "train_s": st.c["train_s"],
-               "eval/accuracy": sum(s or 0.0 for s in scores) / max(len(scores), 1),
-               "eval/unscorable": sum(s is None for s in scores),
+               # the mean over the calls that did not fault, as the built-in trainer's
+               "eval/accuracy": sum(s or 0.0 for s in ok) / len(ok) if ok else float("nan"),
+               "eval/unscorable": sum(s is None for s in ok),
                "eval/prompts": len(examples), "eval/k": ev.k,
-               "eval/mean_length": float(ro.lengths.float().mean())}
+               "eval/mean_length": float(ro.lengths.float().mean()),
+               **{f"eval/reward_{k}": n for k, n in scored.counts().items()}}
         st.log_eval(row, time.perf_counter() - t0)
         self.cb("eval", row)
+        reason = fault_rate_message(cfg, scored.n_faults, len(calls),
+                                    f"in the evaluation at step {st.c['step']}")
+        if reason is not None:
+            raise RewardError(reason)
 
 
 def train_trl(cfg: Config, *, resume: bool = False, fresh: bool = False,

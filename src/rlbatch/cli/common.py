@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
 
 from rlbatch.core.config import Config
 from rlbatch.core.loading import load_config
+from rlbatch.core.runlog import dumps_strict
 
 SetOption = typer.Option(None, "--set", help="override a config value: a.b=c (repeatable)")
 PresetOption = typer.Option(None, "--preset", help="start from a built-in preset")
@@ -20,4 +20,4 @@ def resolve(config: Optional[str], preset: Optional[str], overrides: Optional[li
 
 def print_json(obj) -> None:
     """The last stdout line: one JSON document."""
-    print(json.dumps(obj, default=float))
+    print(dumps_strict(obj))

@@ -2,7 +2,10 @@
 
 Prints the row count, the layout found, one sample prompt/answer, and how the configured
 reward scores each row's own reference answer. Malformed rows exit with status 2 and one line
-naming the first bad `file:line` and how many more there are (a `DataError`).
+naming the first bad `file:line` and how many more there are (a `DataError`). So does a reward
+function that raises, times out, or returns a non-finite or non-numeric value on a reference
+answer (it is called through the reward runner, as in training); a function that cannot be
+imported or does not take (prompt, completion, example) is one line naming `task.reward`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ def check(
     fmt: str = typer.Option("auto", "--format", help="auto | jsonl | parquet | verl"),
     prompt_column: str = typer.Option("prompt", help="column holding the prompt"),
     answer_column: str = typer.Option("answer", help="column holding the reference answer"),
-    reward: str = typer.Option("exact", help="exact | numeric | gsm8k | boxed | module:function"),
+    reward: str = typer.Option(
+        "exact", help="exact | numeric | gsm8k | boxed | module:function (imported from the "
+        "Python path: the working directory under python -m, PYTHONPATH)"),
     tolerance: float = typer.Option(1e-6, help="relative tolerance of numeric comparisons"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:

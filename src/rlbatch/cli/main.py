@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from rlbatch.core.errors import EXIT_USAGE, UserError
+from rlbatch.core.errors import EXIT_USAGE, Terminated, UserError
 
 app = typer.Typer(
     name="rlbatch",
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except Terminated as exc:
+        print(str(exc), file=sys.stderr)
+        sys.exit(128 + exc.signum)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ err = Console(stderr=True)
 
 @model_app.command("build")
 def build(
-    task: str = typer.Option("addition", help="built-in task: addition | reverse"),
-    digits: int = typer.Option(None, help="difficulty (default 3 for addition, 6 for reverse)"),
+    task: str = typer.Option("addition", help="built-in task: addition | reverse | runsum"),
+    digits: int = typer.Option(None, help="difficulty (default 3 for addition, 6 for reverse, "
+                                "1 digit per item for runsum)"),
     force: bool = typer.Option(False, "--force", help="rebuild even if cached"),
     as_json: bool = typer.Option(False, "--json"),
     random: bool = typer.Option(False, "--random", help="a randomly initialized Llama for "
@@ -43,12 +44,13 @@ def build(
 
     from rlbatch.core.config import DEFAULT_DIGITS
     from rlbatch.core.errors import ConfigError
-    from rlbatch.rollout.tiny_model import (TinyRecipe, cache_root, read_build_facts,
+    from rlbatch.rollout.tiny_model import (cache_root, read_build_facts, recipe_for,
                                             tiny_model_path)
 
     if task not in DEFAULT_DIGITS:
-        raise ConfigError(f"--task: unknown built-in task '{task}'; use addition or reverse")
-    recipe = TinyRecipe(task=task, digits=digits or DEFAULT_DIGITS[task])
+        raise ConfigError(f"--task: unknown built-in task '{task}'; use addition, reverse "
+                          "or runsum")
+    recipe = recipe_for(task, digits or DEFAULT_DIGITS[task])
     target = cache_root() / "models" / recipe.key()
     if force and target.exists():
         shutil.rmtree(target)

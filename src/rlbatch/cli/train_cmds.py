@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Optional
 
 import typer
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
+from rlbatch.core.errors import Terminated
 
 err = Console(stderr=True)
 
@@ -61,7 +63,7 @@ def train(
             bar.update(task, completed=row["samples"], info=info)
 
         trainer.cb = on_event
-        summary = trainer.run()
+        summary = _run_terminable(trainer)
     run_dir = trainer.state.dir
     if as_json:
         print_json({"run_dir": str(run_dir), **summary})
@@ -75,6 +77,20 @@ def train(
           f"throughput: {summary['throughput'] or 0:.0f} samples/s\n"
           f"target {t['metric']} >= {_threshold(t)}: {crossing}; last {t['metric']}: "
           f"{last.get(t['metric'])}")
+
+
+def _run_terminable(trainer) -> dict:
+    """trainer.run() with SIGTERM raised as `Terminated`, so the run is marked failed (and
+    resumable) instead of being left `running`."""
+
+    def on_term(signum, frame):
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return trainer.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _threshold(t: dict) -> str:

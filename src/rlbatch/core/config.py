@@ -14,25 +14,55 @@ Loading and error reporting (file and line for every field) live in `core/loadin
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 LR_EXPONENTS = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}
 # Metrics whose range is known; a target outside it can never be reached.
-DEFAULT_DIGITS = {"addition": 3, "reverse": 6}
+DEFAULT_DIGITS = {"addition": 3, "reverse": 6, "runsum": 1}
 BOUNDED_METRICS = {"eval/accuracy": (0.0, 1.0), "reward/mean": (0.0, 1.0)}
 
 
+# Sane upper bounds: a value past them is a typo or a unit mix-up, and would otherwise end in
+# a MemoryError or an overflow deep inside a run instead of one line naming the field.
+MAX_PROMPTS = 1_000_000  # prompts per step, held-out prompts
+MAX_SAMPLES = 10**13  # sample counts and marks (budgets, cadences, warm-up)
+MAX_SEQUENCES = 2**24  # B = P x G sequences in one rollout step
+MAX_COUNT = 1_000_000  # minibatches, epochs, group size, concurrency, tokens, steps
+
+
+def _numeric(annotation) -> bool:
+    """Whether a field holds a number (int or float, possibly optional or in a list), not a bool."""
+    if annotation in (int, float):
+        return True
+    return any(_numeric(a) for a in get_args(annotation) if a is not bool)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys, non-finite floats and booleans given for numbers are rejected (house
+    rule 4): YAML reads `true` as a bool, which pydantic would otherwise take as 1."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value, info: ValidationInfo):
+        field = cls.model_fields.get(info.field_name or "")
+        items = value if isinstance(value, list) else [value]
+        if field is not None and any(isinstance(v, bool) for v in items) \
+                and _numeric(field.annotation):
+            raise PydanticCustomError("bool_not_number", "expected a number, not a boolean")
+        return value
 
 
 class TaskConfig(_Strict):
-    name: Literal["addition", "reverse", "dataset"] = "addition"
+    name: Literal["addition", "reverse", "runsum", "dataset"] = "addition"
     digits: int = Field(
         None, ge=1, le=12, validate_default=False,
-        description="operand / string length (difficulty knob); default 3 (addition), 6 (reverse)",
+        description="difficulty knob: operand / string length (default 3 for addition, 6 for "
+        "reverse) or digits per list item (runsum, default 1)",
     )
     path: str | None = Field(None, description="dataset file (JSONL or Parquet) for name=dataset")
     eval_path: str | None = Field(None, description="held-out dataset file; default: split of path")
@@ -57,19 +87,22 @@ class TaskConfig(_Strict):
 
 
 class BatchConfig(_Strict):
-    prompts_per_step: int = Field(16, gt=0, description="P: prompts drawn per rollout step")
-    samples_per_prompt: int = Field(8, gt=0, description="G: responses per prompt")
-    minibatches_per_step: int = Field(1, gt=0)
-    epochs_per_step: int = Field(1, gt=0)
+    prompts_per_step: int = Field(16, gt=0, le=MAX_PROMPTS,
+                                  description="P: prompts drawn per rollout step")
+    samples_per_prompt: int = Field(8, gt=0, le=MAX_COUNT, description="G: responses per prompt")
+    minibatches_per_step: int = Field(1, gt=0, le=MAX_COUNT)
+    epochs_per_step: int = Field(1, gt=0, le=MAX_COUNT)
     micro_batch_sequences: int | None = Field(
-        None, gt=0, description="gradient-accumulation chunk; default = whole minibatch"
+        None, gt=0, le=MAX_SEQUENCES,
+        description="gradient-accumulation chunk; default = whole minibatch"
     )
 
 
 class LrRule(_Strict):
-    lr: float | None = Field(None, gt=0, description="learning rate used as is (no scaling)")
-    reference_sequences: int | None = Field(None, gt=0, description="B0")
-    reference_lr: float | None = Field(None, gt=0, description="eta0 at B0")
+    lr: float | None = Field(None, gt=0, le=10,
+                             description="learning rate used as is (no scaling)")
+    reference_sequences: int | None = Field(None, gt=0, le=MAX_SEQUENCES, description="B0")
+    reference_lr: float | None = Field(None, gt=0, le=10, description="eta0 at B0")
     lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
 
     def resolve_lr(self, sequences: int, field: str) -> float:
@@ -88,15 +121,19 @@ class OptimizerConfig(LrRule):
     beta2: float = Field(0.999, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    warmup_samples: int = Field(0, ge=0, description="linear LR warm-up, in samples")
+    warmup_samples: int = Field(0, ge=0, le=MAX_SAMPLES,
+                                description="linear LR warm-up, in samples")
     max_grad_norm: float | None = Field(1.0, gt=0)
 
 
 class CriticConfig(LrRule):
-    minibatches_per_step: int = Field(1, gt=0)
-    epochs_per_step: int = Field(1, gt=0)
-    update_every_steps: int = Field(1, gt=0)
-    warmup_steps: int = Field(0, ge=0, description="rollout steps that train only the critic")
+    minibatches_per_step: int = Field(1, gt=0, le=MAX_COUNT)
+    epochs_per_step: int = Field(1, gt=0, le=MAX_COUNT)
+    update_every_steps: int = Field(1, gt=0, le=MAX_COUNT)
+    warmup_steps: int = Field(0, ge=0, le=MAX_COUNT,
+                              description="rollout steps that train only the critic")
+    lr_warmup_samples: int = Field(0, ge=0, le=MAX_SAMPLES,
+                                   description="linear warm-up of the critic's LR, in samples")
     value_clip: float | None = Field(0.2, gt=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
 
@@ -111,8 +148,9 @@ class LossConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    generation_concurrency: int = Field(64, gt=0, description="C: sequences decoded at once")
-    max_new_tokens: int = Field(5, gt=0)
+    generation_concurrency: int = Field(64, gt=0, le=MAX_COUNT,
+                                        description="C: sequences decoded at once")
+    max_new_tokens: int = Field(5, gt=0, le=MAX_COUNT)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     engine: Literal["builtin", "hf", "vllm"] = "builtin"
@@ -123,9 +161,11 @@ class RolloutConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    every_samples: int = Field(8192, gt=0, description="evaluate at multiples of this many samples")
-    prompts: int = Field(1024, gt=0, description="fixed held-out prompts")
-    k: int = Field(1, gt=0, description="samples per eval prompt (mean@k); k=1 decodes greedily")
+    every_samples: int = Field(8192, gt=0, le=MAX_SAMPLES,
+                               description="evaluate at multiples of this many samples")
+    prompts: int = Field(1024, gt=0, le=MAX_PROMPTS, description="fixed held-out prompts")
+    k: int = Field(1, gt=0, le=MAX_COUNT,
+                   description="samples per eval prompt (mean@k); k=1 decodes greedily")
     temperature: float = Field(1.0, gt=0, description="sampling temperature when k > 1")
     at_start: bool = True
 
@@ -159,13 +199,14 @@ class TargetConfig(_Strict):
 
 
 class BudgetConfig(_Strict):
-    max_samples: int = Field(131072, gt=0)
+    max_samples: int = Field(131072, gt=0, le=MAX_SAMPLES)
     max_train_s: float | None = Field(None, gt=0)
     stop_at_target: bool = Field(True, description="false: run on to max_samples (full curves)")
 
 
 class CheckpointConfig(_Strict):
-    every_samples: int | None = Field(None, gt=0, description="None: only at the end")
+    every_samples: int | None = Field(None, gt=0, le=MAX_SAMPLES,
+                                      description="None: only at the end")
 
 
 class NoiseScaleConfig(_Strict):
@@ -174,7 +215,39 @@ class NoiseScaleConfig(_Strict):
 
 
 class NonFiniteConfig(_Strict):
-    max_consecutive: int = Field(3, gt=0, description="abort after this many skipped updates")
+    max_consecutive: int = Field(3, gt=0, le=MAX_COUNT,
+                                 description="abort after this many skipped updates")
+
+
+class RewardConfig(_Strict):
+    """How rewards are computed and what a faulty call means (rollout/reward_runner.py).
+
+    A `module:function` reward runs in a pool of worker processes, each call with a timeout;
+    built-in rewards (exact, numeric, gsm8k, boxed) and functions declared cheap (an attribute
+    `cheap = True` on the function) run in the training process. A call that raises, times
+    out (pool only) or returns a non-finite or non-numeric value is a fault: counted per step
+    (`reward/errors`, `reward/timeouts`, `reward/nonfinite`), its first distinct messages
+    logged, and the sample handled by `on_error`."""
+
+    workers: int = Field(
+        2, ge=0, le=256, description="worker processes for a module:function reward; 0 = call "
+        "it in the training process (no timeout then)")
+    timeout_s: float = Field(
+        30.0, gt=0, le=86400, description="seconds one call may take in a worker; past it the "
+        "worker is killed and replaced and the sample counts in reward/timeouts")
+    on_error: Literal["value", "drop"] = Field(
+        "value", description="a faulted sample gets `error_value` (value), or is dropped from "
+        "its group: left out of the group's mean and std, advantage 0, tokens out of the loss "
+        "(drop)")
+    error_value: float = Field(0.0, ge=-1e6, le=1e6,
+                               description="the reward of a faulted sample under on_error: value")
+    max_error_rate: float = Field(
+        0.25, ge=0, le=1, description="the run fails (status failed, with the reason) when "
+        "more than this fraction of the last `error_window_calls` training calls, or of one "
+        "evaluation's calls, faulted")
+    error_window_calls: int = Field(
+        1024, gt=0, le=10**9, description="training calls over which max_error_rate is judged "
+        "(the most recent whole steps covering at least this many calls)")
 
 
 class ProfileConfig(_Strict):
@@ -183,8 +256,8 @@ class ProfileConfig(_Strict):
     prompts_per_step: list[int] = Field(
         [8, 32, 64], description="candidate P values (B = P x G); the baseline P0 = B0 / G is "
         "always run")
-    seeds: int = Field(1, gt=0, description="seeds per configuration")
-    confirm_seeds: int = Field(1, ge=0, description="extra seeds for the baseline and the "
+    seeds: int = Field(1, gt=0, le=1000, description="seeds per configuration")
+    confirm_seeds: int = Field(1, ge=0, le=1000, description="extra seeds for the baseline and the "
                                "challenger (the most promising candidate), so that the "
                                "decision compares configurations with >= 2 seeds")
     fixed_lr_control: bool = Field(True, description="also run 2 x B0 with the unscaled LR")
@@ -195,12 +268,16 @@ class ProfileConfig(_Strict):
                                  "interval to set)")
     margin: float = Field(math.log(1.15), gt=0,
                           description="equivalence margin on log N* ratio (log 1.15)")
-    workers: int = Field(1, gt=0)
+    workers: int = Field(1, gt=0, le=1024)
 
     @model_validator(mode="after")
     def _positive(self) -> "ProfileConfig":
         if any(p <= 0 for p in self.prompts_per_step) or any(c <= 0 for c in self.concurrency):
             raise ValueError("profile.prompts_per_step and profile.concurrency must be positive")
+        if any(p > MAX_PROMPTS for p in self.prompts_per_step) \
+                or any(c > MAX_COUNT for c in self.concurrency):
+            raise ValueError(f"profile.prompts_per_step must be <= {MAX_PROMPTS} and "
+                             f"profile.concurrency <= {MAX_COUNT}")
         return self
 
 
@@ -221,8 +298,9 @@ class Config(_Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     noise_scale: NoiseScaleConfig = NoiseScaleConfig()
     nonfinite: NonFiniteConfig = NonFiniteConfig()
+    reward: RewardConfig = RewardConfig()
     profile: ProfileConfig = ProfileConfig()
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "bfloat16"] = "float32"
     output_dir: str = "runs"
@@ -233,6 +311,10 @@ class Config(_Strict):
     def _check(self) -> "Config":
         b = self.batch
         seqs = b.prompts_per_step * b.samples_per_prompt
+        if seqs > MAX_SEQUENCES:
+            raise ValueError(
+                f"batch.prompts_per_step x batch.samples_per_prompt = {seqs:,} sequences per "
+                f"step is more than {MAX_SEQUENCES:,}")
         if self.algorithm == "grpo" and b.samples_per_prompt < 2:
             raise ValueError("batch.samples_per_prompt must be >= 2 for GRPO (group baseline)")
         if seqs % b.minibatches_per_step:
@@ -251,6 +333,12 @@ class Config(_Strict):
                 f"critic.minibatches_per_step ({self.critic.minibatches_per_step}) must divide "
                 f"sequences_per_step ({seqs})"
             )
+        micro = b.micro_batch_sequences or mini
+        if self.noise_scale.enabled and mini < 2 * micro:
+            raise ValueError(
+                f"noise_scale.enabled needs at least 2 micro-batches per minibatch (the two-batch "
+                f"estimator compares them with the minibatch): set batch.micro_batch_sequences "
+                f"<= {mini // 2} (the minibatch is {mini} sequences)")
         if self.target.gain is not None and not self.eval.at_start:
             raise ValueError("target.gain is relative to the step-0 evaluation: it needs "
                              "eval.at_start: true")

@@ -25,3 +25,15 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """A dataset or log file row that cannot be read."""
+
+
+class Terminated(Exception):
+    """A termination signal (SIGTERM: preemption, a scheduler, `rlbatch profile` stopping its
+    trials) turned into an exception, so a run writes down how it ended (`failed`, resumable)
+    instead of vanishing as `running`. The CLI exits with 128 + the signal number."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        super().__init__(f"terminated by {signal.Signals(signum).name}")

@@ -1,9 +1,11 @@
 """Load a `Config` from YAML files, presets and `--set a.b=c` overrides.
 
 Every value remembers where it came from (`file:line` or `--set key`), so a validation error
-is one line naming the field and its origin (docs/design.md, house rule 10). `extends:` names a preset
-(`grpo-tiny`) or a YAML file relative to the extending file; the child is deep-merged over it.
-A `derived:` section (as written to a run's config.yaml) is ignored on load: it is recomputed.
+is one line naming the field and its origin (docs/design.md, house rule 10). `extends:` names
+a preset (`grpo-tiny`) or a YAML file relative to the extending file; the child is deep-merged
+over it. A `derived:` section (as written to a run's config.yaml) is ignored on load: it is
+recomputed. A key given twice in one mapping is an error at its second occurrence (YAML
+parsers keep the last silently); types, bounds and finiteness are checked by `core/config.py`.
 """
 
 from __future__ import annotations
@@ -58,8 +60,14 @@ def _parse_yaml(text: str, source: str) -> tuple[dict, Origins]:
 def _walk(node: Any, path: tuple, source: str, origins: Origins) -> None:
     origins[path] = f"{source}:{node.start_mark.line + 1}"
     if isinstance(node, yaml.MappingNode):
+        seen: set = set()
         for key_node, value_node in node.value:
             key = key_node.value
+            if key in seen:  # PyYAML keeps the last silently; a config must say one thing
+                name = ".".join(map(str, path + (key,)))
+                raise ConfigError(f"duplicate key '{name}'",
+                                  where=f"{source}:{key_node.start_mark.line + 1}")
+            seen.add(key)
             origins[path + (key,)] = f"{source}:{key_node.start_mark.line + 1}"
             _walk(value_node, path + (key,), source, origins)
             origins[path + (key,)] = f"{source}:{key_node.start_mark.line + 1}"

@@ -42,16 +42,27 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-def _clean(row: dict) -> dict:
-    """NaN/inf are not JSON: store them as null (the key stays, so absence != non-finite)."""
-    out = {}
-    for k, v in row.items():
-        if hasattr(v, "item"):
-            v = v.item()
-        if isinstance(v, float) and not math.isfinite(v):
-            v = None
-        out[k] = v
-    return out
+def _clean(obj: Any) -> Any:
+    """NaN/inf are not JSON: store them as null (the key stays, so absence != non-finite),
+    at any depth of dicts, lists and tuples; numpy/torch scalars become Python numbers."""
+    if hasattr(obj, "item") and not isinstance(obj, (dict, list, tuple)):
+        try:
+            obj = obj.item()
+        except (TypeError, ValueError):  # a multi-element array: left to the encoder
+            return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def dumps_strict(obj: Any, **kwargs) -> str:
+    """Strict JSON (RFC 8259): non-finite floats become null first; `allow_nan=False` then
+    catches anything that slipped past the cleaning instead of writing a bare NaN."""
+    return json.dumps(_clean(obj), allow_nan=False, default=_json_default, **kwargs)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -65,7 +76,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+    atomic_write_text(path, dumps_strict(obj, indent=2) + "\n")
 
 
 def stable_hash(obj: Any, length: int = 10) -> str:
@@ -73,10 +84,31 @@ def stable_hash(obj: Any, length: int = 10) -> str:
     return hashlib.sha256(blob).hexdigest()[:length]
 
 
-def make_run_id(resolved: dict, seed: int) -> str:
-    """Readable prefix + hash of the resolved config and seed. Where the run writes and which
-    tracker sinks it feeds are not part of its identity (output_dir, trackers excluded)."""
+def identity(resolved: dict) -> dict:
+    """The part of a resolved config that defines the experiment: without `output_dir` and
+    `trackers` (where it writes, which sinks it feeds), without `reward.workers`,
+    `reward.max_error_rate` and `reward.error_window_calls` (how rewards are run and when the
+    run gives up change no value it logs, so a run that failed on its error rate can be
+    resumed with a new limit), and with the `reward` section's default values left out, so
+    runs from before that section existed keep their ids."""
+    from rlbatch.core.config import RewardConfig
+
     body = {k: v for k, v in resolved.items() if k not in ("output_dir", "trackers")}
+    if isinstance(body.get("reward"), dict):
+        defaults = RewardConfig().model_dump(mode="json")
+        execution = ("workers", "max_error_rate", "error_window_calls")
+        policy = {k: v for k, v in body["reward"].items()
+                  if k not in execution and defaults.get(k, object()) != v}
+        if policy:
+            body["reward"] = policy
+        else:
+            del body["reward"]
+    return body
+
+
+def make_run_id(resolved: dict, seed: int) -> str:
+    """Readable prefix + hash of the experiment's config (`identity`) and seed."""
+    body = identity(resolved)
     batch = resolved.get("batch", {})
     lr = resolved.get("derived", {}).get("actor_lr")
     prefix = f"{resolved.get('algorithm', 'run')}-P{batch.get('prompts_per_step')}" \
@@ -133,7 +165,7 @@ class RunWriter:
     def write_summary(self, summary: dict) -> None:
         if summary.get("status") not in STATUSES:
             raise ValueError(f"summary status must be one of {STATUSES}")
-        atomic_write_json(self.dir / "summary.json", _clean(summary))
+        atomic_write_json(self.dir / "summary.json", summary)
 
     def log_step(self, row: dict) -> None:
         missing = [k for k in STEP_REQUIRED if k not in row]
@@ -149,7 +181,7 @@ class RunWriter:
 
     @staticmethod
     def _append(fh, row: dict) -> None:
-        fh.write(json.dumps(_clean(row), default=_json_default) + "\n")
+        fh.write(dumps_strict(row) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -171,7 +203,7 @@ def truncate_jsonl_after_step(path: Path, last_step: int) -> None:
         return
     rows, _ = read_jsonl(path)
     keep = [r for r in rows if int(r.get("step", 0)) <= last_step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+    atomic_write_text(path, "".join(dumps_strict(r) + "\n" for r in keep))
 
 
 def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:

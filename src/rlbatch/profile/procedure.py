@@ -25,13 +25,14 @@ measure the full loop at the chosen concurrency and no second pass is needed):
    sweep, as a multiple of one baseline run's time to target).
 
 Resumable: the state is the run directories plus `journal.jsonl`. Re-running the same command
-skips finished trials (without starting a process) and resumes interrupted ones from their
-checkpoints; a killed profile loses at most the steps since each trial's last checkpoint.
+skips finished trials (without starting a process) and resumes interrupted and failed ones
+from their checkpoints; a killed profile loses at most the steps since each trial's last
+checkpoint. A trial whose process fails stops the profile with one line naming the trial and
+its `failure`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -42,10 +43,11 @@ import yaml
 
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
-from rlbatch.backends.builtin.runstate import TERMINAL
+from rlbatch.backends.builtin.runstate import FINISHED
 from rlbatch.core.config import Config
 from rlbatch.core.errors import UserError
-from rlbatch.core.runlog import _read_json, atomic_write_json, atomic_write_text, read_jsonl
+from rlbatch.core.runlog import (_read_json, atomic_write_json, atomic_write_text, dumps_strict,
+                                 read_jsonl)
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
 
 Progress = Callable[[list[dict]], None]
@@ -59,7 +61,7 @@ class Journal:
     def log(self, event: str, **fields) -> None:
         row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": event, **fields}
         with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+            fh.write(dumps_strict(row) + "\n")
             fh.flush()
 
     def events(self) -> list[dict]:
@@ -79,7 +81,7 @@ def _status(trial: Trial) -> dict:
             "metric": evals[-1].get(metric) if evals else None,
             "status": summary.get("status", "pending"), "target": summary.get("target") or {},
             "stop_reason": summary.get("stop_reason"), "stop_code": summary.get("stop_code"),
-            "run_dir": str(d)}
+            "failure": summary.get("failure"), "run_dir": str(d)}
 
 
 class Driver:
@@ -97,8 +99,8 @@ class Driver:
             if t not in self.all:
                 self.all.append(t)
         pending = []
-        for t in trials:
-            if _status(t)["status"] in TERMINAL:
+        for t in trials:  # a failed trial is not finished: its process resumes it
+            if _status(t)["status"] in FINISHED:
                 self.journal.log("skipped_finished", trial=t.name, run_dir=str(t.run_dir()))
             else:
                 pending.append(t)
@@ -109,11 +111,13 @@ class Driver:
             for fin in self.ex.poll():
                 st = _status(by_name[fin.name])
                 self.journal.log("finished", trial=fin.name, returncode=fin.returncode,
-                                 status=st["status"], stop_reason=st["stop_reason"])
+                                 status=st["status"], stop_reason=st["stop_reason"],
+                                 failure=st["failure"])
                 if fin.returncode != 0:
-                    raise UserError(f"trial {fin.name} failed (exit {fin.returncode}); "
-                                    f"see {fin.log}")
-                if st["status"] not in TERMINAL:
+                    why = f": {st['failure']}" if st["failure"] else ""
+                    raise UserError(f"trial {fin.name} failed (exit {fin.returncode}{why}); "
+                                    f"see {fin.log}; re-run the profile to resume it")
+                if st["status"] not in FINISHED:
                     raise UserError(f"trial {fin.name} ended but {st['run_dir']} is not a "
                                     f"finished run (status {st['status']}); see {fin.log}")
             for name in self.ex.running():

@@ -37,10 +37,12 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from rlbatch.core.config import TaskConfig
+from rlbatch.core.config import RewardConfig, TaskConfig
 from rlbatch.core.errors import DataError
+from rlbatch.rollout.reward_runner import Call, RewardRunner
 from rlbatch.rollout.rewards import RewardFn, make_reward, reference_completion
 from rlbatch.rollout.tasks import BUILTIN_TASKS, EVAL_SEED_OFFSET, Example
 
@@ -331,18 +333,35 @@ def build_task(cfg: TaskConfig):
 
 def check_dataset(path: str, fmt: str = "auto", prompt_column: str = "prompt",
                   answer_column: str = "answer", reward: str = "exact",
-                  tolerance: float = 1e-6) -> dict:
+                  tolerance: float = 1e-6, reward_cfg: RewardConfig | None = None) -> dict:
     """Load `path` and score each reference answer with the reward (`rlbatch data check`).
 
     A row whose reference answer does not score 1.0 cannot be learned as configured (e.g.
     `numeric` with a non-numeric answer is unscorable); such rows are counted, not rejected.
+    The calls go through the reward runner (`reward_cfg`, default `RewardConfig()`: a
+    `module:function` runs in worker processes with a timeout); a call that raises, times out
+    or returns a non-finite or non-numeric value is a DataError naming the function, the first
+    such row as file:line and how many rows faulted.
     """
     reward_fn = make_reward(reward, tolerance)
     rows = load_rows(path, fmt, prompt_column, answer_column)
+    runner = RewardRunner(SimpleNamespace(reward=reward_fn), reward, tolerance,
+                          reward_cfg or RewardConfig())
+    try:
+        scored = runner.score([Call(ex.prompt, reference_completion(reward, ex.answer), ex, i)
+                               for i, ex in enumerate(rows.examples)])
+    finally:
+        runner.close()
+    if scored.n_faults:
+        i = next(i for i, f in enumerate(scored.faults) if f is not None)
+        what = {"error": "failed", "timeout": "timed out",
+                "nonfinite": "returned a non-finite value"}[scored.faults[i]]
+        raise DataError(f"task.reward: {reward} {what} on the reference answer "
+                        f"({scored.messages[i]}; {scored.n_faults} of {len(rows.examples)} "
+                        "rows faulted)", where=rows.examples[i].meta["source"])
     counts = {"correct": 0, "wrong": 0, "unscorable": 0}
     first_bad = None
-    for ex in rows.examples:
-        score = reward_fn(ex.prompt, reference_completion(reward, ex.answer), ex)
+    for ex, score in zip(rows.examples, scored.values):
         kind = "unscorable" if score is None else "correct" if score == 1.0 else "wrong"
         counts[kind] += 1
         if kind != "correct" and first_bad is None:

@@ -17,14 +17,14 @@ from rlbatch.rollout.tasks import BUILTIN_TASKS, Example
 
 
 def tiny_recipe_for(task_name: str, digits: int):
-    from rlbatch.rollout.tiny_model import TinyRecipe
+    from rlbatch.rollout.tiny_model import recipe_for
 
     if task_name not in BUILTIN_TASKS:
         raise ConfigError(
-            "model: 'tiny' is warm-started on a built-in task (addition, reverse); "
+            "model: 'tiny' is warm-started on a built-in task (addition, reverse, runsum); "
             "give a local checkpoint path for task.name=dataset"
         )
-    return TinyRecipe(task=task_name, digits=digits)
+    return recipe_for(task_name, digits)
 
 
 def resolve_model_path(model: str, task_name: str, digits: int,

@@ -14,8 +14,11 @@ Python (no torch). `make_reward(spec, tolerance)` turns `task.reward` into one o
             Compared numerically when both sides parse as numbers, else as normalized LaTeX
             (whitespace, `$`, `\\left`/`\\right`, thin spaces, `\\dfrac`/`\\tfrac` removed).
             The ground truth may be a bare answer or contain its own `\\boxed{}`.
-- `module:function` a user function imported from the Python path; it must return a number,
-  a bool or None.
+- `module:function` a user function imported from the Python import path (the working
+  directory under `python -m`, installed packages, PYTHONPATH); it must take
+  `(prompt, completion, example)` (checked when the config is resolved) and return a number,
+  a bool or None. It runs in worker processes under `reward:`'s policy
+  (`rollout/reward_runner.py`) unless it sets `cheap = True` on itself.
 
 When a reward returns None (unscorable; the trainer counts it, never silently 0): the ground
 truth cannot be parsed by the chosen reward (e.g. `numeric` with answer "blue"), or the
@@ -32,7 +35,9 @@ normalization only when a side is not a number. An import failure of a custom re
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
+import numbers
 import re
 
 from rlbatch.core.errors import ConfigError
@@ -190,29 +195,47 @@ def boxed(tolerance: float) -> RewardFn:
 
 # ---------------------------------------------------------------- resolution
 
+IMPORT_HINT = ("modules are found on the Python import path: the working directory when "
+               "run as `python -m`, installed packages, and the folders in PYTHONPATH")
+
+
 def import_reward(spec: str) -> RewardFn:
-    """Import `module:function`; a ConfigError naming `task.reward` when that fails."""
+    """Import `module:function` and check it takes (prompt, completion, example); a
+    ConfigError naming `task.reward` and the function when that fails. Running the module's
+    top level may raise anything: that too is one line, not a traceback."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"task.reward: '{spec}' is not of the form module:function")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"task.reward: cannot import module '{module_name}' ({exc})") from None
+        raise ConfigError(f"task.reward: cannot import module '{module_name}' ({exc}); "
+                          f"{IMPORT_HINT}") from None
+    except Exception as exc:  # the module's own code failed while importing
+        raise ConfigError(f"task.reward: importing '{module_name}' raised "
+                          f"{type(exc).__name__}: {exc}") from None
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
         raise ConfigError(f"task.reward: module '{module_name}' has no function '{attr}'")
+    try:
+        inspect.signature(fn).bind("prompt", "completion", Example("prompt", "answer"))
+    except TypeError as exc:
+        raise ConfigError(f"task.reward: {spec} must take (prompt, completion, example) "
+                          f"({exc})") from None
+    except ValueError:  # no signature to inspect (a builtin): the first call will tell
+        pass
 
     def reward(prompt: str, completion: str, example: Example) -> float | None:
         value = fn(prompt, completion, example)
         if value is None:
             return None
-        if not isinstance(value, (bool, int, float)):
-            raise ConfigError(f"task.reward: {spec} returned {type(value).__name__}; "
-                              "expected a number or None")
+        if not isinstance(value, numbers.Real):
+            raise ConfigError(f"returned {type(value).__name__}; expected a number, a bool "
+                              "or None")
         return float(value)
 
     reward.__name__ = attr
+    reward.cheap = bool(getattr(fn, "cheap", False))  # declared cheap: called in-process
     return reward
 
 

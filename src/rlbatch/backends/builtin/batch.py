@@ -5,6 +5,12 @@ token t of every row sits at column Lp + t and is predicted by the logits at col
 Lp - 1 + t. Position ids are the cumulative count of real tokens, so padding changes no
 real token's position (the engine decodes with the same positions): the forward is
 invariant to how much padding a row carries.
+
+That invariance is what lets the update pay for real tokens only: `micro_batches` orders the
+rows of a minibatch by real length (prompt + response tokens) before cutting it into
+micro-batches, and `SeqBatch.trimmed` removes the padding columns no row of a micro-batch
+uses, so a micro-batch of short responses costs short forwards even when the rollout's
+longest response is ten times longer.
 """
 
 from __future__ import annotations
@@ -32,6 +38,34 @@ class SeqBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def real_lengths(self) -> torch.Tensor:
+        """(N,) real tokens per row: prompt + response (padding excluded)."""
+        return self.attention_mask[:, :self.prompt_width].sum(1) + self.response_mask.sum(1)
+
+    def trimmed(self) -> "SeqBatch":
+        """The same rows without the padding columns that none of them uses: prompt padding
+        cut to the longest prompt, responses cut to the longest response (responses are
+        right-padded, prompts left-padded, so both cuts remove padding only). Response
+        column t stays response token t; slice per-token tensors with [:, :T] to match."""
+        lp = max(1, int(self.attention_mask[:, :self.prompt_width].sum(1).max()))
+        t = max(1, int(self.response_mask.sum(1).max()))
+        cols = slice(self.prompt_width - lp, self.prompt_width + t)
+        return SeqBatch(self.input_ids[:, cols], self.attention_mask[:, cols],
+                        self.position_ids[:, cols], self.response_ids[:, :t],
+                        self.response_mask[:, :t], lp)
+
+
+def micro_batches(idx: torch.Tensor, lengths: torch.Tensor, micro: int,
+                  by_length: bool) -> list[torch.Tensor]:
+    """Cut the rows `idx` of one minibatch into micro-batches of `micro` rows (the last may be
+    smaller). With `by_length` the rows are first ordered by `lengths` (N,) (a stable sort,
+    so ties keep their minibatch order), which groups sequences of similar length; without
+    it the micro-batches are consecutive slices of `idx` (random subsets when `idx` is a
+    random permutation, as the noise-scale estimator needs)."""
+    if by_length:
+        idx = idx[torch.sort(lengths[idx], stable=True).indices]
+    return list(idx.split(micro))
 
 
 def build_batch(rollouts: Rollouts, pad_id: int, extra_left_pad: int = 0) -> SeqBatch:

@@ -50,6 +50,7 @@ import torch
 from safetensors.torch import load_file, save_model
 
 from rlbatch.core.errors import DataError
+from rlbatch.core.runlog import dumps_strict
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,7 @@ def save_checkpoint(run_dir: Path, *, model, optimizer, counters: dict,
         state["critic_optimizer"] = critic_optimizer.state_dict()
     with open(tmp / "state.pt", "wb") as fh:
         torch.save(state, fh)
-    (tmp / "counters.json").write_text(json.dumps(counters, indent=2, default=_json_default)
-                                       + "\n")
+    (tmp / "counters.json").write_text(dumps_strict(counters, indent=2) + "\n")
     files = {p.name: _digest(p, sync=True) for p in sorted(tmp.iterdir())}
     (tmp / CHECKSUMS).write_text(json.dumps({"format": FORMAT, "step": int(counters["step"]),
                                              "files": files}, indent=2) + "\n")
@@ -146,12 +146,6 @@ def save_checkpoint(run_dir: Path, *, model, optimizer, counters: dict,
             _remove(old)
     _fsync_dir(root)
     return final
-
-
-def _json_default(value):
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
 # ---------------------------------------------------------------- finding

@@ -1,28 +1,57 @@
 """Counters, stopping rules and the run directory of one training run.
 
 `open_run` decides what an existing run directory means: a finished run is returned as is
-(re-running is idempotent), an interrupted one needs `resume=True` (or `fresh=True` to start
-over), and anything else is a one-line error. On resume the log files are cut back to the
-last checkpoint, so the rows of steps that are re-run are not duplicated.
+(re-running is idempotent), an interrupted (`running`) or `failed` one needs `resume=True`
+(or `fresh=True` to start over), and anything else is a one-line error. On resume the log
+files are cut back to the last checkpoint, so the rows of steps that are re-run are not
+duplicated.
+
+Failures: `fail(exc)` writes `status: failed` and `failure: "<one line>"` to summary.json;
+the trainers call it for any exception inside a run before it propagates, so only a killed
+process (SIGKILL, power loss) leaves a run `running`. A failed run keeps its checkpoints and
+`--resume` continues it from the last one.
+
+Reward faults (`rollout/reward_runner.py`): the counters hold the run's totals and a window
+of the most recent steps' (calls, faults); `reward_fault_rate_exceeded` judges
+`reward.max_error_rate` over that window, and the first distinct faults are appended to
+`reward_errors.jsonl`.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
+import sys
 import time
 from pathlib import Path
 
 from rlbatch.core.config import Config
-from rlbatch.core.errors import ConfigError
-from rlbatch.core.runlog import (RunWriter, _read_json, build_manifest, make_run_id,
+from rlbatch.core.errors import ConfigError, Terminated, UserError
+from rlbatch.core.runlog import (RunWriter, _read_json, atomic_write_json, build_manifest,
+                                 dumps_strict, make_run_id, read_jsonl,
                                  truncate_jsonl_after_step)
 
 # Run statuses (docs/metrics.md): `running`, then one of these. `diverged` means the run
 # produced non-finite values (nonfinite.max_consecutive skipped updates in a row); `stopped`
 # means a stop was requested through the STOP file (its code in `stop_code`).
 TERMINAL = ("target_reached", "budget_exhausted", "stopped", "diverged", "failed")
+# Ended for good: re-running skips these. A `failed` run ended but can be resumed.
+FINISHED = ("target_reached", "budget_exhausted", "stopped", "diverged")
+REWARD_ERRORS = "reward_errors.jsonl"
+_FAULT_KEYS = ("errors", "timeouts", "nonfinite")
 STOP_FILE = "STOP"  # its text is "<code>: <detail>"; checked after every step
 STOP_CODES = ("cannot_win", "no_crossing")
+
+
+def failure_line(exc: BaseException) -> str:
+    """What went wrong, in one line: a UserError's or Terminated's own message, else
+    `Type: message` (the type alone when there is no message)."""
+    message = " ".join(str(exc).split())
+    if isinstance(exc, (UserError, Terminated)) and message:
+        text = message
+    else:
+        text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _fresh_counters(cfg: Config) -> dict:
@@ -31,7 +60,9 @@ def _fresh_counters(cfg: Config) -> dict:
             "next_eval": cfg.eval.every_samples, "next_ckpt": cfg.checkpoint.every_samples or 0,
             "evals_done": 0, "eval_s": 0.0, "checkpoint_s": 0.0, "first_step_s": None,
             "target": None, "target_threshold": cfg.target.value, "status": "running",
-            "last_eval": None, "stop_reason": None, "stop_code": None}
+            "last_eval": None, "stop_reason": None, "stop_code": None, "failure": None,
+            "reward_calls": 0, "reward_errors": 0, "reward_timeouts": 0, "reward_nonfinite": 0,
+            "reward_window": []}
 
 
 class RunState:
@@ -57,10 +88,15 @@ class RunState:
         if self.finished:
             return
         keep = self.c["step"] if self._from_checkpoint else -1
-        truncate_jsonl_after_step(self.dir / "steps.jsonl", keep)
-        truncate_jsonl_after_step(self.dir / "evals.jsonl", keep)
+        for name in ("steps.jsonl", "evals.jsonl", REWARD_ERRORS):
+            truncate_jsonl_after_step(self.dir / name, keep)
         self.writer = RunWriter(self.dir)
         self._write_summary()
+
+    def logged_reward_faults(self) -> list[tuple]:
+        """(kind, message) of the faults already in reward_errors.jsonl (kept across resume)."""
+        rows, _ = read_jsonl(self.dir / REWARD_ERRORS)
+        return [(r.get("kind"), r.get("message")) for r in rows]
 
     # ---- updates ----
     def advance(self, prompts: int, samples: int, tokens: int, wall: float, skipped: int,
@@ -79,6 +115,39 @@ class RunState:
     def log_step(self, row: dict) -> None:
         self.writer.log_step(row)
 
+    # ---- reward faults ----
+    def count_reward_faults(self, calls: int, counts: dict) -> None:
+        """Add one training step's reward calls and faults to the totals and the window."""
+        c = self.c
+        c["reward_calls"] += calls
+        for key in _FAULT_KEYS:
+            c[f"reward_{key}"] += counts[key]
+        window = [*c["reward_window"], [calls, sum(counts[k] for k in _FAULT_KEYS)]]
+        keep = self.cfg.reward.error_window_calls
+        while len(window) > 1 and sum(n for n, _ in window[1:]) >= keep:
+            window.pop(0)  # the most recent whole steps covering at least `keep` calls
+        c["reward_window"] = window
+
+    def reward_fault_rate_exceeded(self) -> str | None:
+        """The failure message when the window's fault rate is past reward.max_error_rate."""
+        calls = sum(n for n, _ in self.c["reward_window"])
+        faults = sum(f for _, f in self.c["reward_window"])
+        return fault_rate_message(self.cfg, faults, calls, "of the last training calls")
+
+    def log_reward_faults(self, rows: list[dict], phase: str) -> None:
+        """Append new distinct faults to reward_errors.jsonl and say them on stderr."""
+        if not rows:
+            return
+        with open(self.dir / REWARD_ERRORS, "a") as fh:
+            step = self.c["step"] + (1 if phase == "train" else 0)  # the step being run
+            for row in rows:
+                row = {"step": step, "phase": phase, **row}
+                fh.write(dumps_strict(row) + "\n")
+                print(f"reward {row['kind']} ({phase}, step {row['step']}, prompt "
+                      f"{row['prompt_index']}) in {row['function']}: {row['message']}",
+                      file=sys.stderr)
+            fh.flush()
+
     def log_eval(self, row: dict, seconds: float) -> None:
         c, t = self.c, self.cfg.target
         self.writer.log_eval(row)
@@ -88,6 +157,8 @@ class RunState:
         every = self.cfg.eval.every_samples
         c["next_eval"] = (c["samples"] // every + 1) * every
         value = row.get(t.metric)
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None  # not measured (e.g. every held-out reward call faulted)
         if c.get("target_threshold") is None and t.gain is not None and row["step"] == 0 \
                 and value is not None:
             c["target_threshold"] = value + t.gain  # relative target: step-0 value + gain
@@ -137,6 +208,25 @@ class RunState:
     def checkpointed(self, seconds: float) -> None:
         self.c["checkpoint_s"] += seconds
 
+    # ---- failure ----
+    def fail(self, exc: BaseException) -> None:
+        """Write `failed` and the reason before the exception propagates. Counters that were
+        not restored (a resume that failed before loading its checkpoint) are not written
+        over the previous attempt's: only its status and failure change then."""
+        self.c["status"] = "failed"
+        self.c["failure"] = failure_line(exc)
+        if self.resuming and not self._from_checkpoint and self.writer is None:
+            previous = _read_json(self.dir / "summary.json")
+            self.summary = {**previous, "status": "failed", "failure": self.c["failure"],
+                            "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            atomic_write_json(self.dir / "summary.json", self.summary)
+        else:
+            self.summary = self._summary()
+            atomic_write_json(self.dir / "summary.json", self.summary)
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
     # ---- summary ----
     def _summary(self) -> dict:
         c, t = self.c, self.cfg.target
@@ -151,7 +241,10 @@ class RunState:
                 "throughput": c["samples"] / c["train_s"] if c["train_s"] else None,
                 "nonfinite_skipped": c["nonfinite_total"], "target": target,
                 "last_eval": c["last_eval"], "stop_reason": c.get("stop_reason"),
-                "stop_code": c.get("stop_code"), "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                "stop_code": c.get("stop_code"), "failure": c.get("failure"),
+                "reward_faults": {"calls": c["reward_calls"],
+                                  **{k: c[f"reward_{k}"] for k in _FAULT_KEYS}},
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
     def _write_summary(self) -> None:
         self.summary = self._summary()
@@ -173,13 +266,16 @@ def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunSt
         shutil.rmtree(run_dir)
         exists = False
     if exists:
-        status = _read_json(run_dir / "summary.json").get("status")
-        if status in TERMINAL:
+        summary = _read_json(run_dir / "summary.json")
+        status = summary.get("status")
+        if status in FINISHED:
             return RunState(cfg, run_dir, resuming=False, finished=True)
         if not resume:
+            what = (f"a failed run ({summary.get('failure') or 'no reason recorded'})"
+                    if status == "failed" else "an interrupted run")
             raise ConfigError(
-                f"run directory {run_dir} holds an interrupted run: pass --resume to continue "
-                "it or --fresh to start over")
+                f"run directory {run_dir} holds {what}: pass --resume to continue it from its "
+                "last checkpoint or --fresh to start over")
         return RunState(cfg, run_dir, resuming=True, finished=False)
     run_dir.mkdir(parents=True, exist_ok=True)
     w = RunWriter(run_dir)
@@ -187,6 +283,16 @@ def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunSt
     w.write_manifest(build_manifest(run_id, "builtin", cfg.seed, _versions(cfg)))
     w.close()
     return RunState(cfg, run_dir, resuming=False, finished=False)
+
+
+def fault_rate_message(cfg: Config, faults: int, calls: int, what: str) -> str | None:
+    """One line when faults / calls is past reward.max_error_rate, else None."""
+    limit = cfg.reward.max_error_rate
+    if not calls or faults / calls <= limit:
+        return None
+    return (f"task.reward: {cfg.task.reward} faulted on {faults} of {calls} calls "
+            f"({faults / calls:.0%}) {what}, more than reward.max_error_rate = {limit:g}; "
+            f"see {REWARD_ERRORS} in the run directory")
 
 
 def _versions(cfg: Config) -> dict:

@@ -16,6 +16,17 @@ Unscorable responses (reward None) are counted in `reward/unscorable` and scored
 advantage. A non-finite loss or gradient skips that optimizer update and is counted
 (`actor/nonfinite_skipped`); `nonfinite.max_consecutive` skipped steps in a row end the run
 with status `diverged`.
+
+Rewards go through `rollout/reward_runner.py` (a worker pool with a timeout for
+`module:function` rewards). A faulted call (raised, timed out, non-finite or non-numeric) is
+counted per step (`reward/errors`, `reward/timeouts`, `reward/nonfinite`) and its sample gets
+`reward.error_value`, or under `reward.on_error: drop` is left out of its group (advantage 0,
+response mask cleared so its tokens leave the loss; a step whose faulted samples could fill a
+whole minibatch falls back to `error_value`, as the loss would have no tokens). Evaluation
+averages over the calls that did not fault. Past `reward.max_error_rate` the run fails.
+
+Any exception inside the run (setup after the run directory exists, a step, an evaluation, a
+checkpoint) writes `status: failed` and `failure` to summary.json before it propagates.
 """
 
 from __future__ import annotations
@@ -30,12 +41,12 @@ import torch
 
 from rlbatch.algos.advantages import (gae, grpo_advantages, masked_whiten,
                                       outcome_token_rewards)
-from rlbatch.algos.lr import lr_at
+from rlbatch.algos.lr import update_lrs
 from rlbatch.algos.noise_scale import NoiseScaleEMA
 from rlbatch.backends.builtin.batch import build_batch, forward_logprobs, to_device
 from rlbatch.backends.builtin.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from rlbatch.backends.builtin.critic import ValueModel
-from rlbatch.backends.builtin.runstate import RunState, open_run
+from rlbatch.backends.builtin.runstate import RunState, fault_rate_message, open_run
 from rlbatch.backends.builtin.trackers import open_trackers, require_trackers
 from rlbatch.backends.builtin.update import actor_update, critic_update
 from rlbatch.core.config import Config
@@ -44,6 +55,7 @@ from rlbatch.rollout.datasets import build_task
 from rlbatch.rollout.engine import SamplingParams
 from rlbatch.rollout.models import (encode_prompt, load_model_and_tokenizer, make_engine,
                                     resolve_model_path)
+from rlbatch.rollout.reward_runner import Call, RewardError, RewardRunner, fault_key
 
 Callback = Callable[[str, dict], None]
 
@@ -68,11 +80,20 @@ class Trainer:
             torch.set_num_threads(int(os.environ["RLBATCH_THREADS"]))
         torch.manual_seed(cfg.seed)
         self.task = build_task(cfg.task)  # validates dataset files before anything is written
+        self.rewards = RewardRunner(self.task, cfg.task.reward, cfg.task.tolerance, cfg.reward)
         require_trackers(cfg.trackers)
         path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits, build_progress)
         self.state: RunState = open_run(cfg, resume=resume, fresh=fresh)
         if self.state.finished:
             return
+        try:
+            self._setup(path)
+        except BaseException as exc:  # any way out of the run is written down first
+            self.state.fail(exc)
+            raise
+
+    def _setup(self, path) -> None:
+        cfg = self.cfg
         self.trackers = open_trackers(cfg.trackers, self.state.dir, cfg.resolved_dict())
         self.model, self.tok = load_model_and_tokenizer(path, self.device, cfg.dtype)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tok)
@@ -109,6 +130,8 @@ class Trainer:
                 if ema is not None and key in extra:
                     ema.load_state_dict(extra[key])
         st.truncate_logs()
+        self.rewards.log.seen |= {fault_key(*kind_message)
+                                  for kind_message in st.logged_reward_faults()}
         self.stream = self.task.train_stream(self.cfg.seed)
         for _ in range(st.c["consumed"]):  # replay the prompt stream to where it stopped
             next(self.stream)
@@ -121,9 +144,18 @@ class Trainer:
 
     # ---- the loop ----
     def run(self) -> dict:
+        if self.state.finished:
+            return self.state.summary
+        try:
+            return self._run()
+        except BaseException as exc:  # written down, then propagated
+            self.state.fail(exc)
+            raise
+        finally:
+            self.rewards.close()
+
+    def _run(self) -> dict:
         st, cfg = self.state, self.cfg
-        if st.finished:
-            return st.summary
         if st.c["step"] == 0 and cfg.eval.at_start and not st.c["evals_done"]:
             self._evaluate()
         while st.status == "running":
@@ -131,6 +163,8 @@ class Trainer:
             st.log_step(row)
             self.trackers.log(row)
             self.cb("step", row)
+            if (reason := st.reward_fault_rate_exceeded()) is not None:
+                raise RewardError(reason)
             while st.c["samples"] >= st.c["next_eval"]:
                 self._evaluate()
             st.update_status(row)
@@ -154,10 +188,15 @@ class Trainer:
             if cfg.rollout.simulated_latency_s:
                 time.sleep(cfg.rollout.simulated_latency_s)
         with timer.phase("reward"):
-            rewards, unscorable = self._score(ro, [e for e in examples for _ in range(G)])
+            rewards, unscorable, faults = self._score(
+                ro, [e for e in examples for _ in range(G)], st.c["consumed"], G, "train")
+            st.count_reward_faults(len(prompt_ids), faults.counts())
+        drop = self._dropped(torch.tensor(faults.faulted, dtype=torch.bool))
         with timer.phase("other"):
             # rollouts come back on the CPU; the update runs where the model is
             batch = to_device(build_batch(ro, self.pad_id), self.device)
+            if drop is not None:  # reward.on_error: drop -> these tokens leave the loss
+                batch.response_mask[drop.to(self.device)] = False
             old_logp = ro.logprobs.to(self.device)
             rewards = rewards.to(self.device)
         ref_logp = None
@@ -165,7 +204,8 @@ class Trainer:
             with timer.phase("reference"), torch.no_grad():
                 ref_logp = forward_logprobs(self.ref, batch, cfg.rollout.temperature)
         samples_after = st.c["samples"] + len(prompt_ids)
-        stats, skipped = self._updates(batch, rewards, old_logp, ref_logp, samples_after)
+        stats, skipped = self._updates(batch, rewards, old_logp, ref_logp, samples_after,
+                                       valid=None if drop is None else ~drop)
         times, _ = timer.end_step()
         wall = time.perf_counter() - t_step
         st.advance(P, len(prompt_ids), ro.tokens, wall, skipped, skipped > 0)
@@ -175,11 +215,16 @@ class Trainer:
         for k in named:
             row[f"time/{k}"] = times.get(k, 0.0)
         row["time/other"] = max(0.0, wall - sum(times.get(k, 0.0) for k in named))
+        lengths = ro.lengths.float()  # (B,) response tokens, EOS included
         row.update({"reward/mean": float(rewards.mean()), "reward/unscorable": unscorable,
-                    "response/mean_length": float(ro.lengths.float().mean()),
+                    "response/mean_length": float(lengths.mean()),
+                    "response/p50_length": float(torch.quantile(lengths, 0.5)),
+                    "response/p90_length": float(torch.quantile(lengths, 0.9)),
+                    "response/max_length": float(lengths.max()),
                     "rollout/tokens_per_s": ro.tokens / max(times["rollout"], 1e-9),
                     "rollout/concurrency": ro.timing.get("concurrency")})
         row.update(stats)
+        row.update(self._fault_stats(faults, rewards, drop))
         row["actor/nonfinite_skipped"] = skipped
         return row
 
@@ -188,30 +233,63 @@ class Trainer:
         return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                               top_p=r.top_p)
 
-    def _score(self, ro, examples) -> tuple[torch.Tensor, int]:
+    def _score(self, ro, examples, first_index: int, group: int, phase: str):
+        """(rewards (N,), unscorable count, Scored) under `reward:`'s policy. A faulted call
+        scores `reward.error_value` here; `_dropped` and `_evaluate` treat it further.
+        `first_index + i // group` is the prompt's index in the stream or held-out set."""
         texts = self.tok.batch_decode(
             [ids[:n] for ids, n in zip(ro.response_ids.tolist(), ro.lengths.tolist())],
             skip_special_tokens=True)
+        calls = [Call(ex.prompt, text, ex, first_index + i // group)
+                 for i, (ex, text) in enumerate(zip(examples, texts))]
+        scored = self.rewards.score(calls)
+        self.state.log_reward_faults(self.rewards.log.new(self.rewards.name, scored, calls),
+                                     phase)
         values, missing = [], 0
-        for ex, text in zip(examples, texts):
-            r = self.task.reward(ex.prompt, text, ex)
-            if r is None:
+        for value, fault in zip(scored.values, scored.faults):
+            if fault is not None:
+                value = self.cfg.reward.error_value
+            elif value is None:
                 missing += 1
-                r = 0.0
-            values.append(float(r))
-        return torch.tensor(values), missing
+                value = 0.0
+            values.append(float(value))
+        return torch.tensor(values), missing, scored
 
-    def _updates(self, batch, rewards, old_logp, ref_logp, samples_after) -> tuple[dict, int]:
+    def _dropped(self, faulted: torch.Tensor) -> torch.Tensor | None:
+        """Samples to drop (bool (N,)) under reward.on_error: drop, else None. When they could
+        fill a whole actor or critic minibatch (which would leave its loss without tokens)
+        the step falls back to error_value."""
+        cfg, n = self.cfg, int(faulted.sum())
+        smallest = cfg.minibatch_sequences
+        if cfg.algorithm == "ppo":
+            smallest = min(smallest, cfg.sequences_per_step // cfg.critic.minibatches_per_step)
+        if cfg.reward.on_error != "drop" or n == 0 or n >= smallest:
+            return None
+        return faulted
+
+    def _fault_stats(self, scored, rewards: torch.Tensor, drop: torch.Tensor | None) -> dict:
+        out = {f"reward/{k}": v for k, v in scored.counts().items()}
+        if self.cfg.reward.on_error == "drop":
+            out["reward/dropped"] = 0 if drop is None else int(drop.sum())
+            if drop is not None:  # the mean over the samples that stayed in their groups
+                out["reward/mean"] = float(rewards[~drop].mean())
+        return out
+
+    def _updates(self, batch, rewards, old_logp, ref_logp, samples_after,
+                 valid: torch.Tensor | None = None) -> tuple[dict, int]:
         cfg, timer = self.cfg, self.timer
         b = cfg.batch
-        lr = lr_at(samples_after, cfg.actor_lr, cfg.optimizer.warmup_samples)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        stats: dict = {"actor/lr": lr}
+        # one LR per optimizer update: the schedule's mean over that update's share of the
+        # step's samples (algos/lr.py), so warm-up is exact in samples for any B
+        lrs = update_lrs(samples_after - self.cfg.sequences_per_step, cfg.sequences_per_step,
+                         b.minibatches_per_step, b.epochs_per_step, cfg.actor_lr,
+                         cfg.optimizer.warmup_samples)
+        stats: dict = {"actor/lr": sum(lrs) / len(lrs)}
         if cfg.algorithm == "grpo":
             with timer.phase("other"):
-                adv, adv_stats = grpo_advantages(rewards, b.samples_per_prompt,
-                                                 cfg.loss.advantage_norm)
+                adv, adv_stats = grpo_advantages(
+                    rewards, b.samples_per_prompt, cfg.loss.advantage_norm,
+                    valid=None if valid is None else valid.to(rewards.device))
             stats.update(adv_stats)
             train_actor = True
         else:
@@ -226,7 +304,7 @@ class Trainer:
                     clip_high=cfg.loss.clip_ratio_high, kl_coef=cfg.loss.kl_coef,
                     minibatches=b.minibatches_per_step, epochs=b.epochs_per_step,
                     micro=cfg.micro_batch_sequences, max_grad_norm=cfg.optimizer.max_grad_norm,
-                    generator=self.gen, noise=self.actor_noise)
+                    generator=self.gen, noise=self.actor_noise, lrs=lrs)
             timer.add("noise_scale", res.noise_s)
             timer.add("actor_update", -res.noise_s)
             stats.update(res.stats)
@@ -246,7 +324,10 @@ class Trainer:
             token_r = outcome_token_rewards(rewards, mask)
             adv, returns = gae(token_r, values, mask, cfg.loss.gamma, cfg.loss.lam)
             adv = masked_whiten(adv, mask)
-        stats = {"critic/lr": cfg.critic_lr, "critic/value_mean": float(values.sum() / mask.sum())}
+        critic_lrs = update_lrs(st.c["samples"], cfg.sequences_per_step, c.minibatches_per_step,
+                                c.epochs_per_step, cfg.critic_lr, c.lr_warmup_samples)
+        stats = {"critic/lr": sum(critic_lrs) / len(critic_lrs),
+                 "critic/value_mean": float(values.sum() / mask.sum())}
         step_index = st.c["step"]  # 0-based index of this step
         if step_index % c.update_every_steps == 0:
             with timer.phase("critic_update"):
@@ -254,7 +335,8 @@ class Trainer:
                     self.critic, self.critic_opt, batch, values, returns,
                     value_clip=c.value_clip, minibatches=c.minibatches_per_step,
                     epochs=c.epochs_per_step, micro=cfg.micro_batch_sequences,
-                    max_grad_norm=c.max_grad_norm, generator=self.gen, noise=self.critic_noise)
+                    max_grad_norm=c.max_grad_norm, generator=self.gen, noise=self.critic_noise,
+                    lrs=critic_lrs)
             timer.add("noise_scale", res.noise_s)
             timer.add("critic_update", -res.noise_s)
             stats.update(res.stats)
@@ -274,14 +356,23 @@ class Trainer:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + st.c["step"])
         ro = self.engine.generate(prompt_ids, params, cfg.rollout.generation_concurrency,
                                   generator=gen)
-        rewards, unscorable = self._score(ro, [e for e in examples for _ in range(k)])
+        rewards, unscorable, scored = self._score(ro, [e for e in examples for _ in range(k)], 0,
+                                                  k, "eval")
+        ok = ~torch.tensor(scored.faulted, dtype=torch.bool)
         row = {"step": st.c["step"], "samples": st.c["samples"], "train_s": st.c["train_s"],
-               "eval/accuracy": float(rewards.mean()), "eval/unscorable": unscorable,
+               # the mean over the calls that did not fault (none faulted: over all of them)
+               "eval/accuracy": float(rewards[ok].mean()) if ok.any() else float("nan"),
+               "eval/unscorable": unscorable,
                "eval/prompts": len(examples), "eval/k": k,
                "eval/mean_length": float(ro.lengths.float().mean())}
+        row.update({f"eval/reward_{key}": n for key, n in scored.counts().items()})
         st.log_eval(row, time.perf_counter() - t0)
         self.trackers.log(row)
         self.cb("eval", row)
+        reason = fault_rate_message(cfg, scored.n_faults, len(scored.faults),
+                                    f"in the evaluation at step {st.c['step']}")
+        if reason is not None:
+            raise RewardError(reason)
 
     def _checkpoint(self) -> None:
         st = self.state

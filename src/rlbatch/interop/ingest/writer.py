@@ -15,7 +15,6 @@ source files and their hashes go to manifest.json.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from rlbatch.core.errors import DataError, UserError
-from rlbatch.core.runlog import EVAL_REQUIRED, build_manifest, stable_hash
+from rlbatch.core.runlog import EVAL_REQUIRED, build_manifest, dumps_strict, stable_hash
 
 COUNTERS = ("step", "samples", "prompts", "tokens", "train_s")
 
@@ -115,7 +114,7 @@ def build_summary(conv: Converted) -> dict:
 
 
 def _jsonl(rows: list) -> str:
-    return "".join(json.dumps(_finite(r)) + "\n" for r in rows)
+    return "".join(dumps_strict(r) + "\n" for r in rows)
 
 
 def _write_files(tmp: Path, conv: Converted, manifest: dict, summary: dict) -> None:
@@ -123,8 +122,8 @@ def _write_files(tmp: Path, conv: Converted, manifest: dict, summary: dict) -> N
         ("steps.jsonl", _jsonl(conv.steps)),
         ("evals.jsonl", _jsonl(conv.evals)),
         ("config.yaml", yaml.safe_dump(conv.config, sort_keys=False)),
-        ("manifest.json", json.dumps(manifest, indent=2) + "\n"),
-        ("summary.json", json.dumps(summary, indent=2) + "\n"),
+        ("manifest.json", dumps_strict(manifest, indent=2) + "\n"),
+        ("summary.json", dumps_strict(summary, indent=2) + "\n"),
     ):
         with open(tmp / name, "w") as fh:
             fh.write(text)
