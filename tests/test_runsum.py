@@ -11,10 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from rlbatch.rollout.tasks import Example, RunSumTask, take
 from rlbatch.rollout.sft import IGNORE, _encode, _sft_step
-from rlbatch.rollout.tiny_model import (CHARS, SPECIALS, TinyRecipe, _in_band, build_tokenizer,
-                                        chars_for, recipe_for)
+from rlbatch.rollout.tasks import Example, RunSumTask, take
+from rlbatch.rollout.tiny_model import (
+    CHARS,
+    SPECIALS,
+    TinyRecipe,
+    _in_band,
+    build_tokenizer,
+    chars_for,
+    recipe_for,
+)
 
 
 def test_hand_computed_example():

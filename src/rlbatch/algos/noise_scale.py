@@ -14,9 +14,14 @@ exponential moving averages before dividing; `NoiseScaleEMA` does that.
 
 How the trainer uses it: B_small = micro-batch sequences and |G_small|^2 = |g_micro|^2
 averaged over the micro-batches of one minibatch (the average keeps E|G_small|^2 as above),
-B_big = minibatch sequences and |G_big|^2 = |accumulated minibatch gradient|^2. Deviation
-from the paper's setting: a "sample" is one sequence; with a token-mean loss the per-sequence
-gradients are only approximately i.i.d. with equal weight.
+B_big = minibatch sequences and |G_big|^2 = |accumulated minibatch gradient|^2. The
+estimator needs every micro-batch to be a random subset of the minibatch: while it runs, the
+update keeps micro-batches of equal sequence count cut from the minibatch's random order
+instead of ordering rows by length (length-ordered micro-batches are strata whose means
+differ systematically, which would inflate |G_small|^2 and so tr(Sigma) and B_simple; see
+`backends/builtin/update.py`). Deviation from the paper's setting: a "sample" is one
+sequence; with a token-mean loss the per-sequence gradients are only approximately i.i.d.
+with equal weight.
 
 Pure math: Python floats or numpy arrays in, the same out. No torch import, no state besides
 the EMA class's two running sums.
