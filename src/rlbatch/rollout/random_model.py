@@ -34,10 +34,9 @@ import torch
 
 from rlbatch.core.errors import ConfigError
 from rlbatch.core.runlog import stable_hash
-from rlbatch.rollout.tiny_model import cache_root, save_model_folder
+from rlbatch.rollout.tiny_model import SPECIALS, cache_root, save_model_folder, word_level_tokenizer
 
 RANDOM_VERSION = 1
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LAYOUT_KEYS = ("hidden", "layers", "heads", "kv_heads", "mlp", "vocab")
 
@@ -131,20 +130,11 @@ def random_key(name: str, layout: RandomLayout, seed: int, dtype: str) -> str:
 
 
 def build_random_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    """Whitespace-separated words `w4`, `w5`, ... after the specials (throughput only)."""
+    from tokenizers import pre_tokenizers
 
     words = SPECIALS + [f"w{i}" for i in range(len(SPECIALS), vocab_size)]
-    vocab = {tok: i for i, tok in enumerate(words)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-        unk_token="<unk>",
-    )
+    return word_level_tokenizer(words, pre_tokenizers.WhitespaceSplit())
 
 
 def build_random_model(layout: RandomLayout, seed: int = 0, dtype: str = "float32"):

@@ -115,13 +115,24 @@ def cache_root() -> Path:
 
 
 def build_tokenizer(chars: str = CHARS):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    """The tiny model's character tokenizer: one token per character."""
+    from tokenizers import decoders, pre_tokenizers
+
+    return word_level_tokenizer(SPECIALS + list(chars), pre_tokenizers.Split("", "isolated"),
+                                decoders.Fuse())
+
+
+def word_level_tokenizer(tokens: list[str], pre_tokenizer, decoder=None):
+    """A `PreTrainedTokenizerFast` over a fixed word list (SPECIALS first), built offline:
+    `<bos>` prepended to every encoding, `<eos>`/`<pad>`/`<unk>` as the special tokens."""
+    from tokenizers import Tokenizer, models, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(chars))}
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tk.decoder = decoders.Fuse()
+    tk.pre_tokenizer = pre_tokenizer
+    if decoder is not None:
+        tk.decoder = decoder
     tk.post_processor = processors.TemplateProcessing(
         single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
     )
