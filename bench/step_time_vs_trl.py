@@ -23,7 +23,7 @@ import tempfile
 import torch
 
 from rlbatch.backends.builtin.trainer import Trainer
-from rlbatch.backends.trl_backend import TRLRun
+from rlbatch.backends.trl.run import TRLRun
 from rlbatch.cli.common import resolve
 
 PHASES = ("rollout", "reward", "actor_update", "reference", "other")

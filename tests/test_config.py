@@ -11,6 +11,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from rlbatch.cli.main import main
 from rlbatch.core.config import Config, scaled_adam, scaled_lr
@@ -74,7 +75,7 @@ def test_presets_resolve_with_derived_values():
     assert cfg.actor_lr == pytest.approx(1e-4 * 2)  # sqrt(512/128)
     d = cfg.resolved_dict()["derived"]
     assert d["sequences_per_step"] == 512 and d["actor_lr"] == pytest.approx(2e-4)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.batch.prompts_per_step = 3  # frozen
 
 

@@ -80,6 +80,18 @@ def rows_of(out):
     return [out.response_ids[i, : out.lengths[i]].tolist() for i in range(len(out.lengths))]
 
 
+def test_decode_seconds_at_low_concurrency_are_counted_apart():
+    # no EOS: every response runs 6 tokens, so which decode steps hold < 8 sequences is known
+    model, params = small_llama(seed=2), SamplingParams(max_new_tokens=6, greedy=True)
+    eng = BuiltinEngine(model, [], PAD)
+    full = eng.generate(random_prompts(16, seed=5), params, 16).timing  # 16 active throughout
+    assert full["decode_s"] > 0 and full["decode_low_s"] == 0.0
+    narrow = eng.generate(random_prompts(16, seed=5), params, 4).timing  # never more than 4
+    assert narrow["decode_low_s"] == narrow["decode_s"] > 0
+    tail = eng.generate(random_prompts(20, seed=5), params, 16).timing  # 16, then the last 4
+    assert 0 < tail["decode_low_s"] < tail["decode_s"]
+
+
 # ---- acceptance 1: greedy tokens equal transformers generate ----
 @pytest.mark.parametrize("concurrency", [5, 7])
 def test_greedy_tokens_match_hf_generate(concurrency):

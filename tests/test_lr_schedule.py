@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlbatch.algos.lr import lr_at, lr_mean, update_lrs
+from rlbatch.algos.lr import crosses_mark, in_warmup, lr_at, lr_mean, update_lrs
 
 PEAK, W = 1e-3, 1000
 
@@ -92,3 +92,28 @@ def test_actor_and_critic_updates_step_with_the_schedule(small_llama, sequences)
                   epochs=2, micro=2, max_grad_norm=None,
                   generator=torch.Generator().manual_seed(0), noise=None, lrs=lrs)
     assert copt.applied == lrs
+
+
+def _steps(batch: int, total: int) -> list[tuple[int, int]]:
+    return [(s, s + batch) for s in range(0, total, batch)]
+
+
+@pytest.mark.parametrize("batch", [32, 64, 128, 256, 512])
+def test_critic_cadence_in_samples_gives_every_batch_the_same_updates_per_sample(batch):
+    # an update every 512 samples: 16 updates in 8192 samples whatever B (B divides 8192),
+    # at the same sample marks; counted in steps it would be 8192 / B / k
+    marks = [after for before, after in _steps(batch, 8192) if crosses_mark(before, after, 512)]
+    assert len(marks) == 16
+    assert [-(-m // 512) * 512 for m in marks] == list(range(512, 8193, 512))
+    assert all(crosses_mark(b, a, 0) for b, a in _steps(batch, 1024))  # 0: every step
+
+
+@pytest.mark.parametrize("batch", [48, 64, 100, 128, 256, 1024])
+def test_critic_warm_up_idles_at_most_its_samples_for_any_batch(batch):
+    # counted in steps (the old rule, 4 steps) the actor idled 4 x B samples; in samples it
+    # idles B * floor(W / B) <= W, and every step that starts after W trains the actor
+    warm = 512
+    idle = sum(a - b for b, a in _steps(batch, 8192) if in_warmup(a, warm))
+    assert idle == batch * (warm // batch) and idle <= warm
+    assert not any(in_warmup(a, warm) for b, a in _steps(batch, 8192) if b >= warm)
+    assert not in_warmup(batch, 0)  # no warm-up: the first step trains the actor

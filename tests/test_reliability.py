@@ -124,8 +124,8 @@ def test_pool_policy_timeout_and_dead_workers_are_replaced(monkeypatch):
 
 def test_in_process_for_builtin_and_declared_cheap(monkeypatch):
     monkeypatch.syspath_prepend(str(HELPERS))
-    from rlbatch.rollout.datasets import build_task
     from rlbatch.core.config import TaskConfig
+    from rlbatch.rollout.datasets import build_task
 
     task = build_task(TaskConfig(name="addition"))
     assert not RewardRunner(task, "exact", 1e-6, RewardConfig()).pooled
@@ -162,8 +162,8 @@ def test_grpo_drop_leaves_faulted_samples_out_of_their_group():
 # ---------------------------------------------------------------- data check
 
 @pytest.mark.parametrize("fn, needle", [
-    ("always_raises", "faulty_rewards:always_raises failed on the reference answer "
-                      "(RuntimeError: verifier is down; 3 of 3 rows faulted)"),
+    ("always_raises", ("faulty_rewards:always_raises failed on the reference answer "
+                       "(RuntimeError: verifier is down; 3 of 3 rows faulted)")),
     ("two_args", "task.reward: faulty_rewards:two_args must take (prompt, completion, example)"),
     ("returns_text", "returned str; expected a number, a bool or None"),
     ("returns_inf", "returned a non-finite value on the reference answer"),
@@ -200,12 +200,12 @@ def test_unimportable_reward_says_how_modules_are_found(tmp_path):
      "bad.yaml:3: batch.prompts_per_step: Input should be less than or equal to 1000000"),
     ("optimizer:\n  reference_lr: .inf\n",
      "bad.yaml:3: optimizer.reference_lr: Input should be a finite number"),
-    ("rollout:\n  temperature: .nan\n", "bad.yaml:3: rollout.temperature: Input should be a "
-                                        "finite number"),
-    ("reward:\n  on_error: skip\n", "bad.yaml:3: reward.on_error: Input should be 'value' or "
-                                    "'drop'"),
-    ("reward:\n  max_error_rate: 2\n", "bad.yaml:3: reward.max_error_rate: Input should be less "
-                                       "than or equal to 1"),
+    ("rollout:\n  temperature: .nan\n",
+     "bad.yaml:3: rollout.temperature: Input should be a finite number"),
+    ("reward:\n  on_error: skip\n",
+     "bad.yaml:3: reward.on_error: Input should be 'value' or 'drop'"),
+    ("reward:\n  max_error_rate: 2\n",
+     "bad.yaml:3: reward.max_error_rate: Input should be less than or equal to 1"),
     ("profile:\n  prompts_per_step: [8, true]\n",
      "bad.yaml:3: profile.prompts_per_step: expected a number, not a boolean"),
     ("batch:\n  prompts_per_step: 1000000\n  samples_per_prompt: 1000\n",
@@ -316,7 +316,7 @@ def test_on_error_drop_leaves_faulted_samples_out(tiny_model_dir, tmp_path, pres
                    *_sets(SMALL + ["task.reward=faulty_rewards:raises_10pct", "eval.prompts=64",
                                    "budget.max_samples=256", "eval.at_start=false",
                                    "reward.on_error=drop", "batch.minibatches_per_step=2",
-                                   "critic.warmup_steps=0", "reward.workers=1"]))
+                                   "critic.warmup_samples=0", "reward.workers=1"]))
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     run = read_run(summary["run_dir"])
@@ -434,7 +434,7 @@ def test_acceptance_fast_flaky_reward_runs_to_its_budget(tiny_model_dir, tmp_pat
 
 @pytest.mark.slow
 def test_acceptance_flaky_reward_accuracy_still_rises(tiny_model_dir, tmp_path):
-    summary, run = _acceptance(tmp_path, 8192, ["eval.every_samples=2048"])
+    _, run = _acceptance(tmp_path, 8192, ["eval.every_samples=2048"])
     accuracy = [e["eval/accuracy"] for e in run.evals]
     assert len(accuracy) == 5 and accuracy[-1] > accuracy[0] + 0.05, accuracy
 

@@ -96,6 +96,17 @@ def test_phase_timer_with_fake_clock():
     assert len(syncs) == 6  # device sync at both boundaries of every phase
 
 
+def test_phase_timer_reassign_moves_seconds_without_counting_them_twice():
+    ticks = iter([0.0, 4.0])
+    t = PhaseTimer(clock=lambda: next(ticks))
+    with t.phase("actor_update"):
+        pass
+    t.reassign("actor_update", "noise_scale", 1.5)  # probe time measured inside the update
+    t.reassign("actor_update", "noise_scale", 9.0)  # never more than the phase holds
+    times, _ = t.end_step()
+    assert times == {"actor_update": 0.0, "noise_scale": 4.0}
+
+
 def test_tracker_sinks_do_not_change_run_identity():
     from rlbatch.analysis.runs import configuration
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 import torch
 
 from rlbatch.rollout.tasks import AdditionTask, ReverseTask, take
-from rlbatch.rollout.tiny_model import (TinyRecipe, build_tiny, build_tokenizer,
-                                        greedy_accuracy)
+from rlbatch.rollout.tiny_model import TinyRecipe, build_tiny, build_tokenizer, greedy_accuracy
 
 
 def test_tasks_are_deterministic_and_correct():
@@ -158,7 +158,7 @@ def test_band_search_recovers_a_jump_that_skips_the_band():
     assert 0.25 <= facts["accuracy_check"] <= 0.40 and facts["in_band"]
     # after going back, a check after every step: the accepted one is the first in the band
     after = [h for h in facts["history"] if h["step"] > 320]
-    assert all(b["step"] - a["step"] == 1 for a, b in zip(after, after[1:]))
+    assert all(b["step"] - a["step"] == 1 for a, b in pairwise(after))
     assert all(h["accuracy"] < 0.25 for h in after[:-1])
 
 

@@ -71,8 +71,10 @@ def test_grpo_run_log_contract(tiny_model_dir, tmp_path, capsys):
 
 
 def test_ppo_critic_schedule(tiny_model_dir, tmp_path, capsys):
-    sets = SMALL + ["critic.warmup_steps=2", "critic.update_every_steps=2", "eval.prompts=64",
-                    "budget.max_samples=512"]
+    """Critic warm-up and cadence are in samples: 64-sequence steps, warm-up 128 samples (the
+    first two steps train only the critic), an update every 128 samples (every second step)."""
+    sets = SMALL + ["critic.warmup_samples=128", "critic.update_every_samples=128",
+                    "eval.prompts=64", "budget.max_samples=512"]
     code, out = _cli(["train", "--preset", "ppo-tiny", "--out", str(tmp_path), "--json",
                       *_sets(sets)], capsys)
     assert code == 0, out.err
@@ -81,8 +83,9 @@ def test_ppo_critic_schedule(tiny_model_dir, tmp_path, capsys):
     assert steps[0]["actor/loss"] is None and steps[1]["actor/loss"] is None  # critic warm-up
     assert all(isinstance(r["actor/loss"], float) for r in steps[2:])
     updated = [r["step"] for r in steps if r.get("critic/loss") is not None]
-    assert updated == [1, 3, 5, 7]  # every second step
-    assert all(r["time/critic_update"] > 0 for r in steps)  # values are computed every step
+    assert updated == [2, 4, 6, 8]  # the steps ending at 128, 256, 384, 512 samples
+    assert all(r["time/critic_values"] > 0 for r in steps)  # values are computed every step
+    assert all((r["time/critic_update"] > 0) == (r["step"] in updated) for r in steps)
 
 
 def test_nonfinite_updates_are_skipped_then_diverge(tiny_model_dir, tmp_path, capsys, monkeypatch):

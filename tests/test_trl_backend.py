@@ -112,7 +112,7 @@ def test_trl_run_is_idempotent_and_analyzable(trl_run, capsys):
 
 def test_trl_interrupted_run_refused_then_resumed_exactly(trl_run, tmp_path, capsys):
     """Kill after step 2 (checkpoint at 32 samples), refuse without --resume, resume exactly."""
-    from rlbatch.backends.trl_backend import train_trl
+    from rlbatch.backends.trl.run import train_trl
     from rlbatch.cli.common import resolve
 
     sets = ["budget.max_samples=48", "eval.every_samples=32", "optimizer.warmup_samples=32",
@@ -156,7 +156,7 @@ def test_trl_nonfinite_updates_are_skipped_then_diverged(tiny_model_dir, tmp_pat
     from safetensors.torch import load_file
     from trl import GRPOTrainer
 
-    from rlbatch.backends.trl_backend import latest_checkpoint
+    from rlbatch.backends.trl.run import latest_checkpoint
 
     orig = GRPOTrainer._compute_loss
     monkeypatch.setattr(GRPOTrainer, "_compute_loss",

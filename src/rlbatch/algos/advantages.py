@@ -8,6 +8,10 @@
   samples marked False (rewards dropped by the reward policy, `reward.on_error: drop`) are
   left out of their group's mean and std and get zero advantage; a group with fewer than
   two valid samples gets zero advantage throughout.
+  Stats: `adv/zero_std_groups`, the fraction of groups whose rewards are all equal (zero
+  std: no learning signal, whether every response was right or every one wrong). With binary
+  rewards (every valid reward 0 or 1) it is split into `adv/all_correct_groups` (all 1) and
+  `adv/all_wrong_groups` (all 0); groups without a valid sample are in neither.
 - `gae`: generalized advantage estimation (Schulman et al. 2016, eq. 16) over response tokens
   with a terminal outcome reward on the last valid token, as in PPO for LLMs (Ouyang et al.
   2022); returns = advantages + values.
@@ -22,7 +26,9 @@ import torch
 def grpo_advantages(rewards: torch.Tensor, group_size: int, norm: str = "std",
                     eps: float = 1e-6, valid: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, dict]:
-    """rewards (P*G,) ordered prompt-major (G consecutive rows per prompt) -> advantages (P*G,).
+    """rewards (P*G,) ordered prompt-major (G consecutive rows per prompt) -> advantages (P*G,)
+    and stats (module docstring: `adv/zero_std_groups`, and with binary rewards
+    `adv/all_correct_groups`, `adv/all_wrong_groups`).
 
     valid (P*G,) bool, optional: samples to keep (the others are out of their group)."""
     if rewards.numel() % group_size:
@@ -38,8 +44,20 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, norm: str = "std",
         adv = centered
     else:
         raise ValueError(f"unknown advantage norm {norm!r}")
-    solved = (std == 0).float().mean().item()
-    return adv.view(-1), {"adv/zero_std_groups": solved}
+    return adv.view(-1), _group_stats(r, torch.ones_like(r), std == 0)
+
+
+def _group_stats(r: torch.Tensor, v: torch.Tensor, equal: torch.Tensor) -> dict:
+    """Learning-signal stats of the groups. r, v (P, G): rewards and 0/1 validity; equal
+    (P, 1) bool: groups whose valid rewards are all equal (zero std, zero advantage)."""
+    stats = {"adv/zero_std_groups": equal.float().mean().item()}
+    kept = r[v > 0]
+    if ((kept == 0) | (kept == 1)).all():  # binary rewards: name the two kinds of flat group
+        n = v.sum(dim=1, keepdim=True)  # (P, 1)
+        hits = torch.where(v > 0, r, 0.0).sum(dim=1, keepdim=True)  # (P, 1) valid 1s
+        stats["adv/all_correct_groups"] = ((n > 0) & (hits == n)).float().mean().item()
+        stats["adv/all_wrong_groups"] = ((n > 0) & (hits == 0)).float().mean().item()
+    return stats
 
 
 def _grpo_valid(rewards: torch.Tensor, group_size: int, norm: str, eps: float,
@@ -53,12 +71,12 @@ def _grpo_valid(rewards: torch.Tensor, group_size: int, norm: str, eps: float,
     mean = (r * v).sum(dim=1, keepdim=True) / n.clamp(min=1)
     centered = (r - mean) * v
     std = ((centered ** 2).sum(dim=1, keepdim=True) / n.clamp(min=1)).sqrt()  # population std
-    flat = (std == 0) | (n < 2)  # (P, 1): no learning signal in this group
+    flat = (std == 0) | (n < 2)  # (P, 1): equal valid rewards, no learning signal
     if norm == "std":
         adv = torch.where(flat, torch.zeros_like(centered), centered / (std + eps))
     else:
         adv = torch.where(n < 2, torch.zeros_like(centered), centered)
-    return adv.view(-1), {"adv/zero_std_groups": flat.float().mean().item()}
+    return adv.view(-1), _group_stats(r, v, flat)
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,

@@ -13,6 +13,8 @@ summing micro-batch gradients gives exactly the minibatch gradient for any
   exp(ref - logp) - (ref - logp) - 1, unbiased and non-negative.
 - `clipped_value_loss`: PPO value loss with value clipping (as in OpenAI baselines / verl):
   0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
+- `token_logprobs_and_entropy`: the loss's log-probabilities and, from the same log-softmax,
+  the detached per-token entropy that the update logs as `actor/entropy`.
 - `zero_gradient_rows`: the sequences whose clipped-surrogate loss has an exactly zero
   gradient (zero advantage on every valid token and no KL term), which the update skips.
 """
@@ -30,9 +32,30 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """(B, T, V) -> (B, T) entropy of softmax(logits / T)."""
+    """(B, T, V) -> (B, T) entropy of softmax(logits / T): -sum_v p_v log p_v."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` plus the per-token entropy of the same distribution, from one
+    log-softmax (the entropy costs no second softmax and no second forward).
+
+    Args:
+        logits: (B, T, V); targets: (B, T) token ids; temperature: the sampling temperature.
+    Returns:
+        log pi(target) (B, T), differentiable and computed exactly as `token_logprobs` does
+        (so the loss's gradient is unchanged), and the entropy (B, T) of softmax(logits / T),
+        detached (a diagnostic, never part of a loss).
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    with torch.no_grad():
+        lp = logp.detach()
+        plogp = (lp.exp() * lp).masked_fill(lp == -torch.inf, 0.0)  # 0 log 0 = 0
+        entropy = -plogp.sum(-1)  # (B, T)
+    return picked, entropy
 
 
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,

@@ -48,3 +48,17 @@ def update_lrs(samples_before: int, sequences: int, minibatches: int, epochs: in
     per_mb = [lr_mean(samples_before + m * width, samples_before + (m + 1) * width, base_lr,
                       warmup_samples) for m in range(minibatches)]
     return per_mb * epochs
+
+
+def crosses_mark(samples_before: int, samples_after: int, every: int) -> bool:
+    """Whether a step covering samples (before, after] crosses a multiple of `every` samples
+    (every = 0: every step does). A cadence in samples: at B >= every it is every step, at
+    smaller B every ceil(every / B)-th step, so all B update at the same sample marks."""
+    return every <= 0 or samples_after // every > samples_before // every
+
+
+def in_warmup(samples_after: int, warmup_samples: int) -> bool:
+    """Whether a step ending at `samples_after` lies wholly inside a warm-up of
+    `warmup_samples` samples. A step that only starts inside it is not a warm-up step, so
+    any B spends at most `warmup_samples` samples warming up (B * floor(W / B))."""
+    return samples_after <= warmup_samples

@@ -12,11 +12,21 @@ and the simple noise scale B_simple = tr(Sigma) / |G|^2 (their Sec. 2). Each sin
 even come out negative), so the paper smooths numerator and denominator *separately* with
 exponential moving averages before dividing; `NoiseScaleEMA` does that.
 
-How the trainer uses it: B_small = micro-batch sequences and |G_small|^2 = |g_micro|^2
-averaged over the micro-batches of one minibatch (the average keeps E|G_small|^2 as above),
-B_big = minibatch sequences and |G_big|^2 = |accumulated minibatch gradient|^2. The
+How the trainer uses it: |G_small|^2 = |g_i|^2 averaged over the micro-batches i of one
+minibatch, g_i being micro-batch i's own mean gradient; B_big = minibatch sequences and
+|G_big|^2 = |accumulated minibatch gradient|^2. Micro-batches may have unequal sizes b_i (a
+minibatch of B sequences that `micro` does not divide ends on a shorter micro-batch). Then
+E|g_i|^2 = |G|^2 + tr(Sigma)/b_i, so the mean over the k micro-batches is
+
+    E mean_i |g_i|^2 = |G|^2 + tr(Sigma) mean_i(1/b_i) = |G|^2 + tr(Sigma) / b_eff,
+    b_eff = 1 / mean_i(1/b_i)   (the harmonic mean of the b_i, `effective_small_batch`),
+
+and B_small = b_eff keeps both estimates unbiased. Passing the nominal `micro` instead is
+biased: for B = 10 cut into 4, 4, 2 (b_eff = 3), B_small = 4 inflates tr(Sigma) by
+(1/3 - 1/10) / (1/4 - 1/10) = 1.56x and lowers |G|^2 by tr(Sigma)/18
+(tests/test_noise_scale_chunks.py). The
 estimator needs every micro-batch to be a random subset of the minibatch: while it runs, the
-update keeps micro-batches of equal sequence count cut from the minibatch's random order
+update cuts micro-batches of `micro` sequences from the minibatch's random order
 instead of ordering rows by length (length-ordered micro-batches are strata whose means
 differ systematically, which would inflate |G_small|^2 and so tr(Sigma) and B_simple; see
 `backends/builtin/update.py`). Deviation from the paper's setting: a "sample" is one
@@ -45,6 +55,18 @@ def _check_sizes(b_small: float, b_big: float) -> None:
 def _out(x):
     arr = np.asarray(x, dtype=np.float64)
     return float(arr) if arr.ndim == 0 else arr
+
+
+def effective_small_batch(sizes) -> float:
+    """b_eff = 1 / mean_i(1/b_i): the small batch size at which the mean over micro-batches
+    of |g_i|^2 has the expectation |G|^2 + tr(Sigma)/b_eff (module docstring); the harmonic
+    mean of the micro-batch sizes b_i (sequences), equal to b when every b_i = b."""
+    b = np.asarray(sizes, dtype=np.float64)
+    if b.size == 0 or not (b > 0).all():
+        raise ValueError(f"micro-batch sizes must be positive and at least one, got {sizes!r}")
+    if (b == b[0]).all():
+        return float(b[0])  # exactly b, not b up to rounding
+    return float(b.size / (1.0 / b).sum())
 
 
 def unbiased_grad_sq(g_small_sq, g_big_sq, b_small: float, b_big: float):

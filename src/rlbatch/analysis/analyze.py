@@ -25,8 +25,8 @@ RUN_KEYS = ("run", "run_id", "seed", "samples_to_target", "time_to_target", "cen
             "threshold", "too_easy", "first_evaluation_samples", "evaluations_before_target",
             "last_samples", "last_train_s", "throughput", "throughput_to_target", "evaluations",
             "status", "stop_code")
-META_KEYS = ("sequences_per_step", "prompts_per_step", "samples_per_prompt", "lr",
-             "lr_scaling", "algorithm", "reference_sequences")
+META_KEYS = ("sequences_per_step", "minibatch_sequences", "prompts_per_step",
+             "samples_per_prompt", "lr", "lr_scaling", "algorithm", "reference_sequences")
 
 
 def group_configs(records: list[dict]) -> list[dict]:
@@ -119,13 +119,17 @@ def _critical_batch(entries: list[dict], ref: dict) -> dict:
 
 
 def _predict(entries: list[dict], ref: dict, fit: dict) -> dict:
+    """T(B) from B_noise, in the batch unit B_noise is measured in (`noise.compared_batch`):
+    the optimizer minibatch for the logged B_simple, sequences per step for the fit."""
     b_noise, source = noise.choose_b_noise([e["noise_scale"]["actor"] for e in entries], fit)
+    key = noise.compared_batch(source)
     for e in entries:
-        e.update(noise.predict_time(e["sequences_per_step"], e["throughput"],
-                                    ref["samples_to_target"], ref["sequences_per_step"], b_noise))
-    return {"b_noise": b_noise, "b_noise_source": source,
+        e.update(noise.predict_time(e[key], e["throughput"], ref["samples_to_target"], ref[key],
+                                    b_noise))
+    return {"b_noise": b_noise, "b_noise_source": source, "b_noise_batch": key,
             "reference_samples_to_target": ref["samples_to_target"],
-            "reference_sequences_per_step": ref["sequences_per_step"]}
+            "reference_sequences_per_step": ref["sequences_per_step"],
+            "reference_minibatch_sequences": ref["minibatch_sequences"]}
 
 
 def _warnings(frames: RunFrames, missing: list[str], entries: list[dict]) -> list[str]:

@@ -29,7 +29,8 @@ __all__ = ["FIGURES", "config_labels", "report_data", "short_labels", "target_li
 PHASES = (("rollout", "time/rollout"), ("reward", "time/reward"),
           ("actor", "time/actor_update"), ("critic", "time/critic_update"),
           ("other", "time/other"))
-EXTRA_PHASES = (("reference", "time/reference"), ("noise_scale", "time/noise_scale"))
+EXTRA_PHASES = (("critic_values", "time/critic_values"), ("reference", "time/reference"),
+                ("noise_scale", "time/noise_scale"))
 MEMORY_LIMIT_VIEW = 16  # mark the memory limit when it is within 16x the largest tested C
 
 FIGURES = {  # key -> (title, note when the data is absent)

@@ -24,7 +24,14 @@ of training (rows with samples > half of the run's last samples), where it is mo
 
 Prediction of time to target from short probes (docs/design.md T = N*/q):
     N*_hat(B) = N*_ref (1 + B/B_noise) / (1 + B_ref/B_noise),   T_hat(B) = N*_hat(B) / q_hat(B)
-with B_noise = B_simple (actor) when logged, else the fitted B_crit. No torch import.
+with B_noise = B_simple (actor) when logged, else the fitted B_crit. B and B_noise must be in
+the same unit (`compared_batch`). B_simple is the noise scale of the gradient of one optimizer
+update, so the batch it is compared with is the optimizer minibatch (`minibatch_sequences` =
+sequences per step / minibatches per step), not the rollout batch: a run with 4 minibatches
+per step takes 4 updates of B/4 sequences each. The fitted B_crit is in sequences per step
+(S above counts rollout steps), so it is compared with `sequences_per_step`. With several
+epochs per step a sample enters several updates, which the model does not describe.
+No torch import.
 """
 
 from __future__ import annotations
@@ -104,6 +111,13 @@ def choose_b_noise(actor_b_simple: list[float | None], fit: dict) -> tuple[float
     if fit.get("b_crit_mccandlish"):
         return float(fit["b_crit_mccandlish"]), "b_crit_mccandlish_fit"
     return None, None
+
+
+def compared_batch(b_noise_source: str | None) -> str:
+    """The configuration key of the batch B_noise is compared with (module docstring):
+    `minibatch_sequences` for the logged B_simple (per optimizer update), else
+    `sequences_per_step` (the unit of the McCandlish fit)."""
+    return "minibatch_sequences" if b_noise_source == "b_simple_actor" else "sequences_per_step"
 
 
 def predicted_samples(b: float, nstar_ref: float, b_ref: float, b_noise: float) -> float:

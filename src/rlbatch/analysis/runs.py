@@ -26,8 +26,8 @@ from rlbatch.core.errors import DataError
 from rlbatch.core.runlog import Run, find_runs, identity, read_run, stable_hash
 
 RUN_COLUMNS = ("run", "run_id", "config", "seed", "algorithm", "prompts_per_step",
-               "samples_per_prompt", "sequences_per_step", "lr", "lr_scaling",
-               "reference_sequences", "status", "stop_code")
+               "samples_per_prompt", "sequences_per_step", "minibatch_sequences", "lr",
+               "lr_scaling", "reference_sequences", "status", "stop_code")
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,21 @@ def _sequences(config: dict) -> int | None:
     return int(b) if isinstance(b, (int, float)) else None
 
 
+def _minibatch_sequences(config: dict, sequences: int | None) -> int | float | None:
+    """Sequences per optimizer update: `derived.minibatch_sequences`, else B divided by
+    `batch.minibatches_per_step` (1 when absent, the config's default; ingested runs write
+    it, possibly fractional); None when B is unknown."""
+    mb = _get(config, "derived", "minibatch_sequences")
+    if isinstance(mb, (int, float)) and not isinstance(mb, bool) and mb > 0:
+        return mb
+    k = _get(config, "batch", "minibatches_per_step")
+    k = 1 if k is None else k
+    if sequences is None or isinstance(k, bool) or not isinstance(k, (int, float)) or k <= 0:
+        return None
+    m = sequences / k
+    return int(m) if float(m).is_integer() else float(m)
+
+
 def run_row(run: Run) -> dict:
     """The `runs` frame row of one run (B and LR None when config.yaml is absent)."""
     cfg = run.config
@@ -117,7 +132,8 @@ def run_row(run: Run) -> dict:
         "algorithm": cfg.get("algorithm"),
         "prompts_per_step": _get(cfg, "batch", "prompts_per_step"),
         "samples_per_prompt": _get(cfg, "batch", "samples_per_prompt"),
-        "sequences_per_step": _sequences(cfg), "lr": _lr(cfg),
+        "sequences_per_step": _sequences(cfg),
+        "minibatch_sequences": _minibatch_sequences(cfg, _sequences(cfg)), "lr": _lr(cfg),
         "lr_scaling": _get(cfg, "optimizer", "lr_scaling"),
         "reference_sequences": _get(cfg, "optimizer", "reference_sequences"),
         "status": (run.summary or {}).get("status"),

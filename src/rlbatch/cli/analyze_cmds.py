@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -73,7 +74,7 @@ def summary_lines(doc: dict) -> list[str]:
 
 
 def analyze(
-    paths: list[str] = typer.Argument(..., help="run directories or sweep directories"),
+    paths: Annotated[list[str], typer.Argument(help="run directories or sweep directories")],
     target: str | None = typer.Option(
         None, help="METRIC=VALUE (or METRIC<=VALUE for lower-is-better); default: the runs' "
                    "config target"),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from rlbatch.core.config import Config
@@ -14,7 +12,7 @@ SetOption = typer.Option(None, "--set", help="override a config value: a.b=c (re
 PresetOption = typer.Option(None, "--preset", help="start from a built-in preset")
 
 
-def resolve(config: Optional[str], preset: Optional[str], overrides: Optional[list[str]]) -> Config:
+def resolve(config: str | None, preset: str | None, overrides: list[str] | None) -> Config:
     return load_config(config, preset=preset, overrides=list(overrides or []))
 
 

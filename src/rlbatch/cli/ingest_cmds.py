@@ -10,9 +10,9 @@ import sys
 
 import typer
 
+from rlbatch.cli.common import print_json
 from rlbatch.interop.ingest import IngestOptions
 from rlbatch.interop.ingest import ingest as ingest_log
-from rlbatch.cli.common import print_json
 
 
 def ingest(

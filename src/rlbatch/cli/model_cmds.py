@@ -44,8 +44,7 @@ def build(
 
     from rlbatch.core.config import DEFAULT_DIGITS
     from rlbatch.core.errors import ConfigError
-    from rlbatch.rollout.tiny_model import (cache_root, read_build_facts, recipe_for,
-                                            tiny_model_path)
+    from rlbatch.rollout.tiny_model import cache_root, read_build_facts, recipe_for, tiny_model_path
 
     if task not in DEFAULT_DIGITS:
         raise ConfigError(f"--task: unknown built-in task '{task}'; use addition, reverse "

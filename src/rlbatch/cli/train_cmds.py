@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import signal
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -24,10 +23,10 @@ def _split(row: dict) -> str:
 
 
 def train(
-    config: Optional[str] = typer.Argument(None, help="YAML config file"),
-    preset: Optional[str] = PresetOption,
-    set_: Optional[list[str]] = SetOption,
-    out: Optional[str] = typer.Option(None, "--out", help="output directory (config output_dir)"),
+    config: str | None = typer.Argument(None, help="YAML config file"),
+    preset: str | None = PresetOption,
+    set_: list[str] | None = SetOption,
+    out: str | None = typer.Option(None, "--out", help="output directory (config output_dir)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run exactly"),
     fresh: bool = typer.Option(False, "--fresh", help="discard an existing run directory"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
@@ -40,7 +39,7 @@ def train(
         preset = "grpo-tiny"
     cfg = resolve(config, preset, overrides)
     if cfg.backend == "trl":  # TRL's GRPOTrainer; same .cb / .run() / .state surface
-        from rlbatch.backends.trl_backend import TRLRun
+        from rlbatch.backends.trl.run import TRLRun
 
         trainer = TRLRun(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
     else:

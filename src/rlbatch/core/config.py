@@ -5,280 +5,41 @@ Vocabulary follows docs/design.md: every batch quantity carries its unit in its 
 Derived values (B, optimizer updates per step, the scaled learning rates and Adam
 hyper-parameters) are computed once here and logged with the config under `derived:`.
 
-The learning-rate rule is `eta(B) = eta0 * (B/B0)^p` with p = 1/2 (sqrt, Malladi et al. 2022),
-1 (linear) or 0 (none). With `scale_adam: true` the betas and eps follow Malladi et al.'s
-square-root SDE rule as well: `beta -> 1 - k(1 - beta)`, `eps -> eps / sqrt(k)`, k = B/B0.
-Loading and error reporting (file and line for every field) live in `core/loading.py`.
+This module is the top-level `Config`: its sections, the checks that span sections and the
+derived values. The sections themselves (types, ranges, defaults) and the learning-rate rule
+`eta(B) = eta0 * (B/B0)^p` (`scaled_lr`, `scaled_adam`) are `core/sections.py`, re-exported
+here. Loading and error reporting (file and line for every field) live in `core/loading.py`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Literal, get_args
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, model_validator
 
-LR_EXPONENTS = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}
-# Metrics whose range is known; a target outside it can never be reached.
-DEFAULT_DIGITS = {"addition": 3, "reverse": 6, "runsum": 1}
-BOUNDED_METRICS = {"eval/accuracy": (0.0, 1.0), "reward/mean": (0.0, 1.0)}
-
-
-# Sane upper bounds: a value past them is a typo or a unit mix-up, and would otherwise end in
-# a MemoryError or an overflow deep inside a run instead of one line naming the field.
-MAX_PROMPTS = 1_000_000  # prompts per step, held-out prompts
-MAX_SAMPLES = 10**13  # sample counts and marks (budgets, cadences, warm-up)
-MAX_SEQUENCES = 2**24  # B = P x G sequences in one rollout step
-MAX_COUNT = 1_000_000  # minibatches, epochs, group size, concurrency, tokens, steps
-
-
-def _numeric(annotation) -> bool:
-    """Whether a field holds a number (int or float, possibly optional or in a list), not a bool."""
-    if annotation in (int, float):
-        return True
-    return any(_numeric(a) for a in get_args(annotation) if a is not bool)
-
-
-class _Strict(BaseModel):
-    """Unknown keys, non-finite floats and booleans given for numbers are rejected (house
-    rule 4): YAML reads `true` as a bool, which pydantic would otherwise take as 1."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, value, info: ValidationInfo):
-        field = cls.model_fields.get(info.field_name or "")
-        items = value if isinstance(value, list) else [value]
-        if field is not None and any(isinstance(v, bool) for v in items) \
-                and _numeric(field.annotation):
-            raise PydanticCustomError("bool_not_number", "expected a number, not a boolean")
-        return value
-
-
-class TaskConfig(_Strict):
-    name: Literal["addition", "reverse", "runsum", "dataset"] = "addition"
-    digits: int = Field(
-        None, ge=1, le=12, validate_default=False,
-        description="difficulty knob: operand / string length (default 3 for addition, 6 for "
-        "reverse) or digits per list item (runsum, default 1)",
-    )
-    path: str | None = Field(None, description="dataset file (JSONL or Parquet) for name=dataset")
-    eval_path: str | None = Field(None, description="held-out dataset file; default: split of path")
-    prompt_column: str = "prompt"
-    answer_column: str = "answer"
-    format: Literal["auto", "jsonl", "parquet", "verl"] = "auto"
-    reward: str = Field("exact", description="exact | numeric | gsm8k | boxed | module:function")
-    tolerance: float = Field(1e-6, ge=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_digits(cls, data):
-        if isinstance(data, dict) and data.get("digits") is None:
-            data = {**data, "digits": DEFAULT_DIGITS.get(data.get("name", "addition"), 3)}
-        return data
-
-    @model_validator(mode="after")
-    def _dataset_needs_path(self) -> "TaskConfig":
-        if self.name == "dataset" and not self.path:
-            raise ValueError("task.path is required when task.name is 'dataset'")
-        return self
-
-
-class BatchConfig(_Strict):
-    prompts_per_step: int = Field(16, gt=0, le=MAX_PROMPTS,
-                                  description="P: prompts drawn per rollout step")
-    samples_per_prompt: int = Field(8, gt=0, le=MAX_COUNT, description="G: responses per prompt")
-    minibatches_per_step: int = Field(1, gt=0, le=MAX_COUNT)
-    epochs_per_step: int = Field(1, gt=0, le=MAX_COUNT)
-    micro_batch_sequences: int | None = Field(
-        None, gt=0, le=MAX_SEQUENCES,
-        description="gradient-accumulation chunk; default = whole minibatch"
-    )
-
-
-class LrRule(_Strict):
-    lr: float | None = Field(None, gt=0, le=10,
-                             description="learning rate used as is (no scaling)")
-    reference_sequences: int | None = Field(None, gt=0, le=MAX_SEQUENCES, description="B0")
-    reference_lr: float | None = Field(None, gt=0, le=10, description="eta0 at B0")
-    lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
-
-    def resolve_lr(self, sequences: int, field: str) -> float:
-        if self.lr is not None:
-            return float(self.lr)
-        if self.reference_lr is None or self.reference_sequences is None:
-            raise ValueError(
-                f"{field}.lr is not set and {field}.reference_lr/reference_sequences are missing"
-            )
-        return scaled_lr(self.reference_lr, self.reference_sequences, sequences, self.lr_scaling)
-
-
-class OptimizerConfig(LrRule):
-    scale_adam: bool = Field(False, description="also scale betas and eps (Malladi et al. 2022)")
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.999, ge=0, lt=1)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_samples: int = Field(0, ge=0, le=MAX_SAMPLES,
-                                description="linear LR warm-up, in samples")
-    max_grad_norm: float | None = Field(1.0, gt=0)
-
-
-class CriticConfig(LrRule):
-    minibatches_per_step: int = Field(1, gt=0, le=MAX_COUNT)
-    epochs_per_step: int = Field(1, gt=0, le=MAX_COUNT)
-    update_every_steps: int = Field(1, gt=0, le=MAX_COUNT)
-    warmup_steps: int = Field(0, ge=0, le=MAX_COUNT,
-                              description="rollout steps that train only the critic")
-    lr_warmup_samples: int = Field(0, ge=0, le=MAX_SAMPLES,
-                                   description="linear warm-up of the critic's LR, in samples")
-    value_clip: float | None = Field(0.2, gt=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-
-
-class LossConfig(_Strict):
-    clip_ratio_low: float = Field(0.2, gt=0, lt=1)
-    clip_ratio_high: float = Field(0.2, gt=0)
-    advantage_norm: Literal["std", "mean"] = Field("std", description="GRPO group normalization")
-    kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to a frozen reference; 0 = off")
-    gamma: float = Field(1.0, ge=0, le=1, description="PPO discount")
-    lam: float = Field(1.0, ge=0, le=1, description="PPO GAE lambda")
-
-
-class RolloutConfig(_Strict):
-    generation_concurrency: int = Field(64, gt=0, le=MAX_COUNT,
-                                        description="C: sequences decoded at once")
-    max_new_tokens: int = Field(5, gt=0, le=MAX_COUNT)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    engine: Literal["builtin", "hf", "vllm"] = "builtin"
-    simulated_latency_s: float = Field(
-        0.0, ge=0, le=3600, description="seconds of sleep added to every rollout step (counted "
-        "in time/rollout), as a remote generation service or weight sync would cost; 0 = off. "
-        "For what-if studies and tests of the decision")
-
-
-class EvalConfig(_Strict):
-    every_samples: int = Field(8192, gt=0, le=MAX_SAMPLES,
-                               description="evaluate at multiples of this many samples")
-    prompts: int = Field(1024, gt=0, le=MAX_PROMPTS, description="fixed held-out prompts")
-    k: int = Field(1, gt=0, le=MAX_COUNT,
-                   description="samples per eval prompt (mean@k); k=1 decodes greedily")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature when k > 1")
-    at_start: bool = True
-
-
-class TargetConfig(_Strict):
-    """The score to reach: absolute (`value`) or relative to the start (`gain` over the run's
-    step-0 evaluation; `value` must then be null). `rlbatch profile` turns a gain into one
-    absolute value for all its trials from the baseline model's step-0 evaluation."""
-
-    metric: str = "eval/accuracy"
-    value: float | None = Field(0.5, description="absolute target (null when `gain` is set)")
-    gain: float | None = Field(None, gt=0, description="relative target: step-0 value + gain")
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> "TargetConfig":
-        if (self.value is None) == (self.gain is None):
-            raise ValueError("give exactly one of target.value (absolute) and target.gain "
-                             "(relative to the step-0 evaluation); set the other to null")
-        if self.value is not None and not math.isfinite(self.value):
-            raise ValueError(f"target.value must be finite, got {self.value}")
-        bounds = BOUNDED_METRICS.get(self.metric)
-        if bounds and self.value is not None and not (bounds[0] < self.value <= bounds[1]):
-            raise ValueError(
-                f"target.value {self.value} is outside the range of {self.metric} "
-                f"({bounds[0]}, {bounds[1]}]"
-            )
-        if bounds and self.gain is not None and self.gain >= bounds[1] - bounds[0]:
-            raise ValueError(f"target.gain {self.gain} cannot be reached: {self.metric} spans "
-                             f"{bounds[0]}..{bounds[1]}")
-        return self
-
-
-class BudgetConfig(_Strict):
-    max_samples: int = Field(131072, gt=0, le=MAX_SAMPLES)
-    max_train_s: float | None = Field(None, gt=0)
-    stop_at_target: bool = Field(True, description="false: run on to max_samples (full curves)")
-
-
-class CheckpointConfig(_Strict):
-    every_samples: int | None = Field(None, gt=0, le=MAX_SAMPLES,
-                                      description="None: only at the end")
-
-
-class NoiseScaleConfig(_Strict):
-    enabled: bool = False
-    ema: float = Field(0.9, ge=0, lt=1, description="smoothing of numerator and denominator")
-
-
-class NonFiniteConfig(_Strict):
-    max_consecutive: int = Field(3, gt=0, le=MAX_COUNT,
-                                 description="abort after this many skipped updates")
-
-
-class RewardConfig(_Strict):
-    """How rewards are computed and what a faulty call means (rollout/reward_runner.py).
-
-    A `module:function` reward runs in a pool of worker processes, each call with a timeout;
-    built-in rewards (exact, numeric, gsm8k, boxed) and functions declared cheap (an attribute
-    `cheap = True` on the function) run in the training process. A call that raises, times
-    out (pool only) or returns a non-finite or non-numeric value is a fault: counted per step
-    (`reward/errors`, `reward/timeouts`, `reward/nonfinite`), its first distinct messages
-    logged, and the sample handled by `on_error`."""
-
-    workers: int = Field(
-        2, ge=0, le=256, description="worker processes for a module:function reward; 0 = call "
-        "it in the training process (no timeout then)")
-    timeout_s: float = Field(
-        30.0, gt=0, le=86400, description="seconds one call may take in a worker; past it the "
-        "worker is killed and replaced and the sample counts in reward/timeouts")
-    on_error: Literal["value", "drop"] = Field(
-        "value", description="a faulted sample gets `error_value` (value), or is dropped from "
-        "its group: left out of the group's mean and std, advantage 0, tokens out of the loss "
-        "(drop)")
-    error_value: float = Field(0.0, ge=-1e6, le=1e6,
-                               description="the reward of a faulted sample under on_error: value")
-    max_error_rate: float = Field(
-        0.25, ge=0, le=1, description="the run fails (status failed, with the reason) when "
-        "more than this fraction of the last `error_window_calls` training calls, or of one "
-        "evaluation's calls, faulted")
-    error_window_calls: int = Field(
-        1024, gt=0, le=10**9, description="training calls over which max_error_rate is judged "
-        "(the most recent whole steps covering at least this many calls)")
-
-
-class ProfileConfig(_Strict):
-    """`rlbatch profile`: the candidates and the procedure's settings (docs/design.md)."""
-
-    prompts_per_step: list[int] = Field(
-        [8, 32, 64], description="candidate P values (B = P x G); the baseline P0 = B0 / G is "
-        "always run")
-    seeds: int = Field(1, gt=0, le=1000, description="seeds per configuration")
-    confirm_seeds: int = Field(1, ge=0, le=1000, description="extra seeds for the baseline and the "
-                               "challenger (the most promising candidate), so that the "
-                               "decision compares configurations with >= 2 seeds")
-    fixed_lr_control: bool = Field(True, description="also run 2 x B0 with the unscaled LR")
-    concurrency: list[int] = Field([16, 64, 256], description="decode sweep; [] = keep C")
-    early_stop: bool = Field(True, description="stop candidates that missed the crossing or cannot win")
-    min_evaluations: int = Field(10, ge=1, description="evaluations the baseline's N* must "
-                                 "be resolved by (else the profile refuses and names the "
-                                 "interval to set)")
-    margin: float = Field(math.log(1.15), gt=0,
-                          description="equivalence margin on log N* ratio (log 1.15)")
-    workers: int = Field(1, gt=0, le=1024)
-
-    @model_validator(mode="after")
-    def _positive(self) -> "ProfileConfig":
-        if any(p <= 0 for p in self.prompts_per_step) or any(c <= 0 for c in self.concurrency):
-            raise ValueError("profile.prompts_per_step and profile.concurrency must be positive")
-        if any(p > MAX_PROMPTS for p in self.prompts_per_step) \
-                or any(c > MAX_COUNT for c in self.concurrency):
-            raise ValueError(f"profile.prompts_per_step must be <= {MAX_PROMPTS} and "
-                             f"profile.concurrency <= {MAX_COUNT}")
-        return self
+from rlbatch.core.sections import (  # noqa: F401  (re-exported: the config's public names)
+    BOUNDED_METRICS,
+    DEFAULT_DIGITS,
+    LR_EXPONENTS,
+    MAX_SEQUENCES,
+    BatchConfig,
+    BudgetConfig,
+    CheckpointConfig,
+    CriticConfig,
+    EvalConfig,
+    LossConfig,
+    NoiseScaleConfig,
+    NonFiniteConfig,
+    OptimizerConfig,
+    ProfileConfig,
+    RewardConfig,
+    RolloutConfig,
+    TargetConfig,
+    TaskConfig,
+    _Strict,
+    scaled_adam,
+    scaled_lr,
+)
 
 
 class Config(_Strict):
@@ -308,7 +69,7 @@ class Config(_Strict):
         [], description="metric sinks of the built-in trainer (x axis: samples); optional packages")
 
     @model_validator(mode="after")
-    def _check(self) -> "Config":
+    def _check(self) -> Config:
         b = self.batch
         seqs = b.prompts_per_step * b.samples_per_prompt
         if seqs > MAX_SEQUENCES:
@@ -401,20 +162,3 @@ class Config(_Strict):
             del out["trackers"]
         out["derived"] = self.derived()
         return out
-
-
-def scaled_lr(reference_lr: float, reference_sequences: int, sequences: int, rule: str) -> float:
-    """eta(B) = eta0 * (B / B0)^p, p from LR_EXPONENTS (docs/design.md; Malladi et al. 2022)."""
-    if rule not in LR_EXPONENTS:
-        raise ValueError(f"unknown lr_scaling {rule!r}; use one of {sorted(LR_EXPONENTS)}")
-    return reference_lr * (sequences / reference_sequences) ** LR_EXPONENTS[rule]
-
-
-def scaled_adam(beta1: float, beta2: float, eps: float, k: float) -> dict:
-    """Malladi et al. 2022 square-root scaling: beta -> 1 - k(1 - beta), eps -> eps/sqrt(k).
-
-    Betas are floored at 0 (a k large enough to make them negative is out of the rule's range).
-    """
-    b1 = max(0.0, 1.0 - k * (1.0 - beta1))
-    b2 = max(0.0, 1.0 - k * (1.0 - beta2))
-    return {"betas": (b1, b2), "eps": eps / math.sqrt(k)}

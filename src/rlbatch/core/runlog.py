@@ -122,7 +122,7 @@ def _git_sha() -> str | None:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).parent,
+            cwd=Path(__file__).parent, check=False,  # not a checkout: no sha, not an error
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -153,8 +153,9 @@ class RunWriter:
     def __init__(self, run_dir: str | Path):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._steps = open(self.dir / "steps.jsonl", "a")
-        self._evals = open(self.dir / "evals.jsonl", "a")
+        # held open for the run's lifetime and closed by close() / __exit__
+        self._steps = open(self.dir / "steps.jsonl", "a")  # noqa: SIM115
+        self._evals = open(self.dir / "evals.jsonl", "a")  # noqa: SIM115
 
     def write_config(self, resolved: dict) -> None:
         atomic_write_text(self.dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
@@ -189,7 +190,7 @@ class RunWriter:
         self._steps.close()
         self._evals.close()
 
-    def __enter__(self) -> "RunWriter":
+    def __enter__(self) -> RunWriter:  # noqa: PYI034  (a final class; no Self needed)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -227,12 +228,12 @@ def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
         try:
             obj = json.loads(raw)
             if not isinstance(obj, dict):
-                raise ValueError("not an object")
-        except (ValueError, UnicodeDecodeError) as exc:
+                raise TypeError("a row must be a JSON object")
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
             if i == len(lines) and not complete_tail:
                 warnings.append(f"{path}:{i}: last line is truncated (killed mid-write); ignored")
                 break
-            raise DataError(f"invalid JSON row ({exc.__class__.__name__})", where=f"{path}:{i}")
+            raise DataError(f"invalid JSON row ({exc})", where=f"{path}:{i}")
         rows.append(obj)
     return rows, warnings
 

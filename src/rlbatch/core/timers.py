@@ -39,6 +39,14 @@ class PhaseTimer:
     def add(self, name: str, seconds: float) -> None:
         self._current[name] += seconds
 
+    def reassign(self, source: str, target: str, seconds: float) -> None:
+        """Move `seconds` measured inside phase `source` to phase `target` (work timed by the
+        callee inside a phase, such as the noise-scale probe inside an update), so each
+        second is counted once. At most the seconds `source` holds are moved."""
+        seconds = min(max(0.0, seconds), self._current[source])
+        self._current[source] -= seconds
+        self._current[target] += seconds
+
     def end_step(self) -> tuple[dict[str, float], bool]:
         """Close the step: return ({phase: seconds}, is_warmup) and start a fresh one."""
         times = dict(self._current)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,15 +42,33 @@ class Finished:
     log: Path
 
 
-class LocalExecutor:
-    name = "local"
+class _Executor:
+    """What both executors share: up to `workers` trials in flight, each kept as
+    name -> (handle, log path) until it is reported finished."""
 
     def __init__(self, workers: int = 1):
         self.workers = workers
-        self._running: dict[str, tuple[subprocess.Popen, Path]] = {}
+        self._running: dict[str, tuple[object, Path]] = {}
 
     def capacity(self) -> int:
         return self.workers - len(self._running)
+
+    def running(self) -> list[str]:
+        return list(self._running)
+
+    def _reap(self, exit_code: Callable[[object], int | None]) -> list[Finished]:
+        """The trials whose `exit_code(handle)` is not None, no longer in flight."""
+        done = []
+        for name, (handle, log) in list(self._running.items()):
+            code = exit_code(handle)
+            if code is not None:
+                done.append(Finished(name, code, log))
+                del self._running[name]
+        return done
+
+
+class LocalExecutor(_Executor):
+    name = "local"
 
     def submit(self, name: str, config_path: Path, log_path: Path) -> None:
         env = trial_env(self.workers)
@@ -59,16 +78,7 @@ class LocalExecutor:
         self._running[name] = (proc, log_path)
 
     def poll(self) -> list[Finished]:
-        done = []
-        for name, (proc, log) in list(self._running.items()):
-            code = proc.poll()
-            if code is not None:
-                done.append(Finished(name, code, log))
-                del self._running[name]
-        return done
-
-    def running(self) -> list[str]:
-        return list(self._running)
+        return self._reap(lambda proc: proc.poll())
 
     def shutdown(self) -> None:
         for proc, _ in self._running.values():
@@ -85,7 +95,7 @@ def _run_trial_command(cmd: list[str], log_path: str, threads: int) -> int:
                               stdin=subprocess.DEVNULL).returncode
 
 
-class RayExecutor:
+class RayExecutor(_Executor):
     name = "ray"
 
     def __init__(self, address: str | None = None, workers: int = 1, num_cpus: float = 1,
@@ -94,6 +104,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise ConfigError("--executor ray needs the `ray` extra: pip install 'rlbatch[ray]'")
+        super().__init__(workers)
         self.ray = ray
         if not ray.is_initialized():
             if address:
@@ -101,13 +112,8 @@ class RayExecutor:
             else:
                 ray.init(num_cpus=max(1, workers * int(num_cpus or 1)), log_to_driver=False,
                          include_dashboard=False)
-        self.workers = workers
         self.num_cpus = num_cpus
         self._task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_run_trial_command)
-        self._running: dict[str, tuple[object, Path]] = {}
-
-    def capacity(self) -> int:
-        return self.workers - len(self._running)
 
     def submit(self, name: str, config_path: Path, log_path: Path) -> None:
         threads = max(1, int(self.num_cpus))
@@ -119,15 +125,7 @@ class RayExecutor:
             return []
         refs = [ref for ref, _ in self._running.values()]
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
-        done = []
-        for name, (ref, log) in list(self._running.items()):
-            if ref in ready:
-                done.append(Finished(name, int(self.ray.get(ref)), log))
-                del self._running[name]
-        return done
-
-    def running(self) -> list[str]:
-        return list(self._running)
+        return self._reap(lambda ref: int(self.ray.get(ref)) if ref in ready else None)
 
     def shutdown(self) -> None:
         for ref, _ in self._running.values():

@@ -46,8 +46,13 @@ from rlbatch.analysis.crossing import Target
 from rlbatch.backends.builtin.runstate import FINISHED
 from rlbatch.core.config import Config
 from rlbatch.core.errors import UserError
-from rlbatch.core.runlog import (_read_json, atomic_write_json, atomic_write_text, dumps_strict,
-                                 read_jsonl)
+from rlbatch.core.runlog import (
+    _read_json,
+    atomic_write_json,
+    atomic_write_text,
+    dumps_strict,
+    read_jsonl,
+)
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
 
 Progress = Callable[[list[dict]], None]

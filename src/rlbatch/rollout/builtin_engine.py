@@ -25,6 +25,9 @@ from rlbatch.core.timers import cuda_sync_or_none
 from rlbatch.rollout.engine import Rollouts, SamplingParams, pack_rollouts, sample_next
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+# Decode steps with fewer active sequences than this are counted apart (`decode_low_s`): the
+# tail of a rollout, where a decode step's fixed cost is shared by few samples.
+LOW_CONCURRENCY = 8
 
 
 def _linear(mod, x: torch.Tensor) -> torch.Tensor:
@@ -158,7 +161,7 @@ class BuiltinEngine:
         slot_pos = [0] * C  # next cache position each slot writes
         next_tok = torch.zeros(C, dtype=torch.long, device=device)
         pending = 0
-        prefill_s = decode_s = 0.0
+        prefill_s = decode_s = low_s = 0.0
         while True:
             free = [s for s in range(C) if slot_seq[s] < 0]
             if free and pending < n_total:
@@ -187,8 +190,11 @@ class BuiltinEngine:
                 slot_pos[s] += 1
             self._retire(active, slot_seq, params, responses, reasons)
             sync()
-            decode_s += time.perf_counter() - t0
-        timing = {"prefill_s": prefill_s, "decode_s": decode_s,
+            dt = time.perf_counter() - t0
+            decode_s += dt
+            if len(active) < LOW_CONCURRENCY:  # the rollout's tail: few sequences still decode
+                low_s += dt
+        timing = {"prefill_s": prefill_s, "decode_s": decode_s, "decode_low_s": low_s,
                   "tokens": sum(len(r) for r in responses), "concurrency": C}
         return pack_rollouts(prompt_ids, responses, logps, reasons, self.pad_id, timing)
 

@@ -8,8 +8,8 @@ plain text with the tokenizer's own special tokens (the tiny tokenizer adds `<bo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rlbatch.core.errors import ConfigError
 from rlbatch.rollout.engine import eos_ids_of, pad_id_of

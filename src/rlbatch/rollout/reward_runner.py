@@ -117,7 +117,8 @@ def call_in_process(fn, call: Call) -> tuple[str | None, float | None, str | Non
     """One call under the policy: an exception of the function is a fault, never a crash."""
     try:
         value = fn(call.prompt, call.completion, call.example)
-    except Exception as exc:  # the user's function may raise anything: counted, not fatal
+    # the user's function may raise anything: counted, not fatal
+    except Exception as exc:  # noqa: BLE001
         return "error", None, describe_exception(exc)
     return classify(value)
 
@@ -136,7 +137,8 @@ def _worker_main(fd: int) -> None:
     try:
         sys.path[:] = path
         fn = make_reward(spec, tolerance)
-    except Exception as exc:  # import failure: reported to the parent as one line
+    # importing the user's module may raise anything: reported to the parent as one line
+    except Exception as exc:  # noqa: BLE001
         _send(conn, ("import_error", describe_exception(exc)))
         return
     reply: tuple = ("ready", None)
@@ -148,7 +150,8 @@ def _worker_main(fd: int) -> None:
         try:
             value = fn(prompt, completion, example)
             kind, out, msg = classify(value)
-        except Exception as exc:  # counted by the parent under the policy
+        # the user's function may raise anything: counted by the parent under the policy
+        except Exception as exc:  # noqa: BLE001
             kind, out, msg = "error", None, describe_exception(exc)
         reply = (index, kind, out, msg)
 
@@ -276,8 +279,8 @@ class RewardPool:
         now = time.monotonic()
         for w in list(self.workers):
             if w.busy and now - w.busy[1] > self.timeout_s:
-                results[w.busy[0]] = ("timeout", None, f"no result within {self.timeout_s:g} s "
-                                      "(worker killed and replaced)")
+                results[w.busy[0]] = ("timeout", None, (f"no result within {self.timeout_s:g} s "
+                                                        "(worker killed and replaced)"))
                 self._replace(w)
             elif not w.ready and now - w.started > self.startup_s:
                 self.close()

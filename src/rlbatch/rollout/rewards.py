@@ -39,11 +39,13 @@ import inspect
 import math
 import numbers
 import re
+from collections.abc import Callable
 
 from rlbatch.core.errors import ConfigError
 from rlbatch.rollout.tasks import Example, RewardFn, exact_match
 
 BUILTIN_REWARDS = ("exact", "numeric", "gsm8k", "boxed")
+NumberReader = Callable[[str], float | None]  # a number read from a text, None when none is
 
 # A sign counts only when it does not follow a word or closing bracket (`5-3` is 5 and 3).
 _SIGN = r"(?:(?<![\w)}\]])[-+])?"
@@ -143,36 +145,35 @@ def normalize_latex(text: str) -> str:
 exact = exact_match  # 1.0 when equal after stripping whitespace (the built-in tasks' reward)
 
 
-def numeric(tolerance: float) -> RewardFn:
-    """Last number in the completion vs the answer parsed as a number (see module doc)."""
+def _number_reward(name: str, tolerance: float, read_answer: tuple[NumberReader, ...],
+                   read_completion: NumberReader) -> RewardFn:
+    """A reward comparing two numbers within `tolerance` (`numbers_match`): the answer's, by
+    the first of `read_answer` that finds one, and the completion's; None when either side
+    has none."""
 
     def reward(prompt: str, completion: str, example: Example) -> float | None:
-        truth = parse_number(example.answer)
-        if truth is None:
-            truth = gsm8k_answer(example.answer)
-        got = last_number(completion)
+        truth = None
+        for read in read_answer:
+            truth = read(example.answer)
+            if truth is not None:
+                break
+        got = read_completion(completion)
         if truth is None or got is None:
             return None
         return 1.0 if numbers_match(got, truth, tolerance) else 0.0
 
-    reward.__name__ = "numeric"
+    reward.__name__ = name
     return reward
+
+
+def numeric(tolerance: float) -> RewardFn:
+    """Last number in the completion vs the answer parsed as a number (see module doc)."""
+    return _number_reward("numeric", tolerance, (parse_number, gsm8k_answer), last_number)
 
 
 def gsm8k(tolerance: float) -> RewardFn:
     """The number after the completion's last `####` vs the answer's (or the bare answer)."""
-
-    def reward(prompt: str, completion: str, example: Example) -> float | None:
-        truth = gsm8k_answer(example.answer)
-        if truth is None:
-            truth = parse_number(example.answer)
-        got = gsm8k_answer(completion)
-        if truth is None or got is None:
-            return None
-        return 1.0 if numbers_match(got, truth, tolerance) else 0.0
-
-    reward.__name__ = "gsm8k"
-    return reward
+    return _number_reward("gsm8k", tolerance, (gsm8k_answer, parse_number), gsm8k_answer)
 
 
 def boxed(tolerance: float) -> RewardFn:
@@ -211,7 +212,8 @@ def import_reward(spec: str) -> RewardFn:
     except ImportError as exc:
         raise ConfigError(f"task.reward: cannot import module '{module_name}' ({exc}); "
                           f"{IMPORT_HINT}") from None
-    except Exception as exc:  # the module's own code failed while importing
+    # the module's own top-level code may raise anything: one line, not a traceback
+    except Exception as exc:  # noqa: BLE001
         raise ConfigError(f"task.reward: importing '{module_name}' raised "
                           f"{type(exc).__name__}: {exc}") from None
     fn = getattr(module, attr, None)

@@ -27,8 +27,9 @@ a class with too few distinct prompts to hold any out is shared by both sets (se
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 EVAL_SEED_OFFSET = 1_000_003
 

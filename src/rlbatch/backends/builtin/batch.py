@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlbatch.algos.losses import token_logprobs
+from rlbatch.algos.losses import token_logprobs, token_logprobs_and_entropy
 from rlbatch.rollout.engine import Rollouts
 
 
@@ -32,7 +32,7 @@ class SeqBatch:
     response_mask: torch.Tensor  # (N, T) bool
     prompt_width: int  # Lp
 
-    def rows(self, idx: torch.Tensor | slice) -> "SeqBatch":
+    def rows(self, idx: torch.Tensor | slice) -> SeqBatch:
         return SeqBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
                         self.response_ids[idx], self.response_mask[idx], self.prompt_width)
 
@@ -43,7 +43,7 @@ class SeqBatch:
         """(N,) real tokens per row: prompt + response (padding excluded)."""
         return self.attention_mask[:, :self.prompt_width].sum(1) + self.response_mask.sum(1)
 
-    def trimmed(self) -> "SeqBatch":
+    def trimmed(self) -> SeqBatch:
         """The same rows without the padding columns that none of them uses: prompt padding
         cut to the longest prompt, responses cut to the longest response (responses are
         right-padded, prompts left-padded, so both cuts remove padding only). Response
@@ -97,11 +97,20 @@ def response_hidden_slice(b: SeqBatch) -> slice:
 
 
 def forward_logprobs(model, b: SeqBatch, temperature: float,
-                     with_logits: bool = False):
-    """Teacher-forced log-probs of the response tokens: (N, T) (and logits (N, T, V))."""
+                     with_logits: bool = False, with_entropy: bool = False):
+    """Teacher-forced log-probs of the response tokens at `temperature`: (N, T).
+
+    with_logits: also return the logits (N, T, V). with_entropy: also return the per-token
+    entropy (N, T) of softmax(logits / temperature), detached, from the same forward and the
+    same log-softmax (`algos.losses.token_logprobs_and_entropy`); the log-probs and their
+    gradient are unchanged. Returns lp, or a tuple (lp, [logits], [entropy]) in that order."""
     width = b.prompt_width + b.response_ids.shape[1] - 1  # the last token predicts nothing
     out = model(input_ids=b.input_ids[:, :width], attention_mask=b.attention_mask[:, :width],
                 position_ids=b.position_ids[:, :width], use_cache=False)
     logits = out.logits[:, response_hidden_slice(b)]  # (N, T, V)
-    lp = token_logprobs(logits, b.response_ids, temperature)
-    return (lp, logits) if with_logits else lp
+    if with_entropy:
+        lp, entropy = token_logprobs_and_entropy(logits, b.response_ids, temperature)
+    else:
+        lp, entropy = token_logprobs(logits, b.response_ids, temperature), None
+    extra = ((logits,) if with_logits else ()) + ((entropy,) if with_entropy else ())
+    return (lp, *extra) if extra else lp

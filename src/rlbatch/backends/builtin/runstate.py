@@ -23,13 +23,21 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError, Terminated, UserError
-from rlbatch.core.runlog import (RunWriter, _read_json, atomic_write_json, build_manifest,
-                                 dumps_strict, make_run_id, read_jsonl,
-                                 truncate_jsonl_after_step)
+from rlbatch.core.runlog import (
+    RunWriter,
+    _read_json,
+    atomic_write_json,
+    build_manifest,
+    dumps_strict,
+    make_run_id,
+    read_jsonl,
+    truncate_jsonl_after_step,
+)
 
 # Run statuses (docs/metrics.md): `running`, then one of these. `diverged` means the run
 # produced non-finite values (nonfinite.max_consecutive skipped updates in a row); `stopped`
@@ -255,6 +263,21 @@ class RunState:
         self.writer.close()
         self.finished = True
         return self.summary
+
+
+def run_recorded(state: RunState, body: Callable[[], dict], close: Callable[[], None]) -> dict:
+    """Both trainers' way into a run: a finished run returns its summary; otherwise `body()`
+    runs, any exception is written down (`state.fail`) before it propagates, and `close()`
+    (the reward runner's pool) runs in every case."""
+    if state.finished:
+        return state.summary
+    try:
+        return body()
+    except BaseException as exc:  # written down, then propagated
+        state.fail(exc)
+        raise
+    finally:
+        close()
 
 
 def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunState:

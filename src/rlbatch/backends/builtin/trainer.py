@@ -34,27 +34,30 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from rlbatch.algos.advantages import (gae, grpo_advantages, masked_whiten,
-                                      outcome_token_rewards)
-from rlbatch.algos.lr import update_lrs
+from rlbatch.algos.advantages import gae, grpo_advantages, masked_whiten, outcome_token_rewards
+from rlbatch.algos.lr import crosses_mark, in_warmup, update_lrs
 from rlbatch.algos.noise_scale import NoiseScaleEMA
 from rlbatch.backends.builtin.batch import build_batch, forward_logprobs, to_device
 from rlbatch.backends.builtin.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from rlbatch.backends.builtin.critic import ValueModel
-from rlbatch.backends.builtin.runstate import RunState, fault_rate_message, open_run
+from rlbatch.backends.builtin.runstate import RunState, fault_rate_message, open_run, run_recorded
 from rlbatch.backends.builtin.trackers import open_trackers, require_trackers
 from rlbatch.backends.builtin.update import actor_update, critic_update
 from rlbatch.core.config import Config
 from rlbatch.core.timers import PhaseTimer, cuda_sync_or_none
 from rlbatch.rollout.datasets import build_task
 from rlbatch.rollout.engine import SamplingParams
-from rlbatch.rollout.models import (encode_prompt, load_model_and_tokenizer, make_engine,
-                                    resolve_model_path)
+from rlbatch.rollout.models import (
+    encode_prompt,
+    load_model_and_tokenizer,
+    make_engine,
+    resolve_model_path,
+)
 from rlbatch.rollout.reward_runner import Call, RewardError, RewardRunner, fault_key
 
 Callback = Callable[[str, dict], None]
@@ -144,15 +147,7 @@ class Trainer:
 
     # ---- the loop ----
     def run(self) -> dict:
-        if self.state.finished:
-            return self.state.summary
-        try:
-            return self._run()
-        except BaseException as exc:  # written down, then propagated
-            self.state.fail(exc)
-            raise
-        finally:
-            self.rewards.close()
+        return run_recorded(self.state, self._run, self.rewards.close)
 
     def _run(self) -> dict:
         st, cfg = self.state, self.cfg
@@ -211,7 +206,8 @@ class Trainer:
         st.advance(P, len(prompt_ids), ro.tokens, wall, skipped, skipped > 0)
         row = {"step": st.c["step"], "samples": st.c["samples"], "prompts": st.c["prompts"],
                "tokens": st.c["tokens"], "train_s": st.c["train_s"]}
-        named = ("rollout", "reward", "actor_update", "critic_update", "reference", "noise_scale")
+        named = ("rollout", "reward", "actor_update", "critic_values", "critic_update",
+                 "reference", "noise_scale")
         for k in named:
             row[f"time/{k}"] = times.get(k, 0.0)
         row["time/other"] = max(0.0, wall - sum(times.get(k, 0.0) for k in named))
@@ -223,6 +219,9 @@ class Trainer:
                     "response/max_length": float(lengths.max()),
                     "rollout/tokens_per_s": ro.tokens / max(times["rollout"], 1e-9),
                     "rollout/concurrency": ro.timing.get("concurrency")})
+        if ro.timing.get("decode_s"):  # engines that time their decode steps (built-in)
+            row["rollout/low_concurrency_share"] = (ro.timing.get("decode_low_s", 0.0)
+                                                    / ro.timing["decode_s"])
         row.update(stats)
         row.update(self._fault_stats(faults, rewards, drop))
         row["actor/nonfinite_skipped"] = skipped
@@ -277,59 +276,59 @@ class Trainer:
 
     def _updates(self, batch, rewards, old_logp, ref_logp, samples_after,
                  valid: torch.Tensor | None = None) -> tuple[dict, int]:
-        cfg, timer = self.cfg, self.timer
-        b = cfg.batch
-        # one LR per optimizer update: the schedule's mean over that update's share of the
-        # step's samples (algos/lr.py), so warm-up is exact in samples for any B
-        lrs = update_lrs(samples_after - self.cfg.sequences_per_step, cfg.sequences_per_step,
-                         b.minibatches_per_step, b.epochs_per_step, cfg.actor_lr,
-                         cfg.optimizer.warmup_samples)
-        stats: dict = {"actor/lr": sum(lrs) / len(lrs)}
+        """Advantages, then the critic's update (PPO) and the actor's. Returns (stats, number
+        of actor updates skipped as non-finite)."""
+        cfg, timer, b = self.cfg, self.timer, self.cfg.batch
+        samples_before = samples_after - cfg.sequences_per_step
+        stats: dict = {}
         if cfg.algorithm == "grpo":
             with timer.phase("other"):
                 adv, adv_stats = grpo_advantages(
                     rewards, b.samples_per_prompt, cfg.loss.advantage_norm,
                     valid=None if valid is None else valid.to(rewards.device))
             stats.update(adv_stats)
-            train_actor = True
         else:
-            adv, train_actor, cstats = self._ppo_critic(batch, rewards)
-            stats.update(cstats)
-        skipped = 0
-        if train_actor:
-            with timer.phase("actor_update"):
-                res = actor_update(
-                    self.model, self.optimizer, batch, old_logp, adv, ref_logp,
-                    temperature=cfg.rollout.temperature, clip_low=cfg.loss.clip_ratio_low,
-                    clip_high=cfg.loss.clip_ratio_high, kl_coef=cfg.loss.kl_coef,
-                    minibatches=b.minibatches_per_step, epochs=b.epochs_per_step,
-                    micro=cfg.micro_batch_sequences, max_grad_norm=cfg.optimizer.max_grad_norm,
-                    generator=self.gen, noise=self.actor_noise, lrs=lrs)
-            timer.add("noise_scale", res.noise_s)
-            timer.add("actor_update", -res.noise_s)
-            stats.update(res.stats)
-            skipped = res.skipped
-        else:
+            adv, critic_stats = self._ppo_critic(batch, rewards, samples_before, samples_after)
+            stats.update(critic_stats)
+        # one LR per optimizer update: the schedule's mean over that update's share of the
+        # step's samples (algos/lr.py), so warm-up is exact in samples for any B
+        lrs = update_lrs(samples_before, cfg.sequences_per_step, b.minibatches_per_step,
+                         b.epochs_per_step, cfg.actor_lr, cfg.optimizer.warmup_samples)
+        stats["actor/lr"] = sum(lrs) / len(lrs)
+        if cfg.algorithm == "ppo" and in_warmup(samples_after, cfg.critic.warmup_samples):
+            # critic warm-up: the actor waits (its LR schedule does not)
             stats.update({"actor/loss": float("nan"), "actor/grad_norm": float("nan")})
-        return stats, skipped
+            return stats, 0
+        with timer.phase("actor_update"):
+            res = actor_update(
+                self.model, self.optimizer, batch, old_logp, adv, ref_logp,
+                temperature=cfg.rollout.temperature, clip_low=cfg.loss.clip_ratio_low,
+                clip_high=cfg.loss.clip_ratio_high, kl_coef=cfg.loss.kl_coef,
+                minibatches=b.minibatches_per_step, epochs=b.epochs_per_step,
+                micro=cfg.micro_batch_sequences, max_grad_norm=cfg.optimizer.max_grad_norm,
+                generator=self.gen, noise=self.actor_noise, lrs=lrs)
+        timer.reassign("actor_update", "noise_scale", res.noise_s)
+        stats.update(res.stats)
+        return stats, res.skipped
 
-    def _ppo_critic(self, batch, rewards) -> tuple[torch.Tensor, bool, dict]:
-        """Values, GAE and the critic's own update schedule; returns (advantages, train_actor, stats)."""
-        cfg, st, timer = self.cfg, self.state, self.timer
+    def _ppo_critic(self, batch, rewards, samples_before: int,
+                    samples_after: int) -> tuple[torch.Tensor, dict]:
+        """Values, GAE advantages and, on the steps its cadence picks, the critic's update.
+        Returns (advantages (N, T), stats)."""
+        cfg, timer = self.cfg, self.timer
         c = cfg.critic
         mask = batch.response_mask
-        with timer.phase("critic_update"), torch.no_grad():
+        with timer.phase("critic_values"), torch.no_grad():
             values = self.critic(batch) * mask  # (N, T)
         with timer.phase("other"):
             token_r = outcome_token_rewards(rewards, mask)
             adv, returns = gae(token_r, values, mask, cfg.loss.gamma, cfg.loss.lam)
             adv = masked_whiten(adv, mask)
-        critic_lrs = update_lrs(st.c["samples"], cfg.sequences_per_step, c.minibatches_per_step,
+        critic_lrs = update_lrs(samples_before, cfg.sequences_per_step, c.minibatches_per_step,
                                 c.epochs_per_step, cfg.critic_lr, c.lr_warmup_samples)
         stats = {"critic/lr": sum(critic_lrs) / len(critic_lrs),
                  "critic/value_mean": float(values.sum() / mask.sum())}
-        step_index = st.c["step"]  # 0-based index of this step
-        if step_index % c.update_every_steps == 0:
+        if crosses_mark(samples_before, samples_after, c.update_every_samples):
             with timer.phase("critic_update"):
                 res = critic_update(
                     self.critic, self.critic_opt, batch, values, returns,
@@ -337,10 +336,9 @@ class Trainer:
                     epochs=c.epochs_per_step, micro=cfg.micro_batch_sequences,
                     max_grad_norm=c.max_grad_norm, generator=self.gen, noise=self.critic_noise,
                     lrs=critic_lrs)
-            timer.add("noise_scale", res.noise_s)
-            timer.add("critic_update", -res.noise_s)
+            timer.reassign("critic_update", "noise_scale", res.noise_s)
             stats.update(res.stats)
-        return adv, step_index >= c.warmup_steps, stats
+        return adv, stats
 
     # ---- evaluation and checkpoints (excluded from train_s) ----
     @torch.no_grad()

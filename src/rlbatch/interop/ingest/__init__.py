@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlbatch.core.config import LR_EXPONENTS
 from rlbatch.core.errors import ConfigError
-from rlbatch.interop.ingest.common import FrameworkConfig
+from rlbatch.interop.ingest.common import FrameworkConfig, StepBatch
 from rlbatch.interop.ingest.writer import Converted, write_run
 
 FRAMEWORKS = {"verl": "verl", "openrlhf": "openrlhf", "trl": "trl", "prime-rl": "prime_rl"}
@@ -46,7 +46,7 @@ class IngestOptions:
 
 
 @dataclass(frozen=True)
-class Resolved:
+class Resolved(StepBatch):
     """Options merged with the framework config file: what a converter works with."""
 
     framework: str
@@ -62,12 +62,6 @@ class Resolved:
     reward_key: str | None
     options: IngestOptions
     framework_config: FrameworkConfig | None
-
-    @property
-    def sequences_per_step(self) -> int | None:
-        if self.prompts_per_step is None or self.samples_per_prompt is None:
-            return None
-        return self.prompts_per_step * self.samples_per_prompt
 
     def require_batch(self, why: str) -> tuple[int, int]:
         """(P, G), or a one-line error naming the flags that supply them."""

@@ -26,18 +26,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlbatch.interop.ingest.common import (
-    FrameworkConfig,
-    Settings,
-    as_float,
-    as_int,
-    extras,
-    map_metrics,
-    num,
-    read_tensorboard,
-    shell_tokens,
-    tb_step_records,
-)
+from rlbatch.interop.ingest.common import FrameworkConfig, Settings, as_float, as_int, shell_tokens
+from rlbatch.interop.ingest.logs import extras, map_metrics, num, read_tensorboard, tb_step_records
 from rlbatch.interop.ingest.writer import Converted
 
 ROLLOUT, N, TRAIN = "--rollout_batch_size", "--n_samples_per_prompt", "--train_batch_size"

@@ -35,14 +35,10 @@ from rlbatch.interop.ingest.common import (
     Settings,
     as_float,
     as_int,
-    extras,
     get_path,
     load_mapping,
-    map_metrics,
-    merge_steps,
-    num,
-    read_records,
 )
+from rlbatch.interop.ingest.logs import extras, map_metrics, merge_steps, num, read_records
 from rlbatch.interop.ingest.writer import Converted
 
 BATCH = ("orchestrator.batch_size", "batch_size")

@@ -35,13 +35,9 @@ import math
 from pathlib import Path
 
 from rlbatch.core.errors import ConfigError, DataError
-from rlbatch.interop.ingest.common import (
-    FrameworkConfig,
-    Settings,
-    as_float,
-    as_int,
+from rlbatch.interop.ingest.common import FrameworkConfig, Settings, as_float, as_int, load_mapping
+from rlbatch.interop.ingest.logs import (
     extras,
-    load_mapping,
     map_metrics,
     merge_steps,
     num,

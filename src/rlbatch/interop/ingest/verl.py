@@ -34,14 +34,10 @@ from rlbatch.interop.ingest.common import (
     Settings,
     as_float,
     as_int,
-    extras,
     load_mapping,
-    map_metrics,
-    merge_steps,
-    num,
-    read_records,
     shell_tokens,
 )
+from rlbatch.interop.ingest.logs import extras, map_metrics, merge_steps, num, read_records
 from rlbatch.interop.ingest.writer import Converted
 
 TRAIN_BATCH = "data.train_batch_size"

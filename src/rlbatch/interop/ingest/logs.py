@@ -1,0 +1,235 @@
+"""Pieces shared by the framework modules of `rlbatch ingest`: the log side (each module's
+`convert`; the config side is `ingest.common`).
+
+- Readers of logged records: JSON lines with file:line errors (`read_records`), TensorBoard
+  event files (`read_tensorboard`, `tb_step_records`; needs the optional `tensorboard`
+  package from the `trackers` extra, imported lazily).
+- Row helpers: merging the several records a framework logs for one step (`merge_steps`),
+  picking the first present source key (`first`, `map_metrics`), keeping the other numeric
+  values (`extras`), numeric checks (`is_number`, `num`).
+
+Deviation from a plain JSON-lines reader (`core.runlog.read_jsonl`): records keep their line
+numbers so that an unusable record (not an object, no step) is reported as `file:line`.
+No torch import: ingest runs where the framework's own stack is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlbatch.core.errors import DataError
+
+
+# ---------------------------------------------------------------- JSON lines
+def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
+    """(line number, object) for every non-blank line, warnings, and whether the last line
+    was cut mid-write (tolerated and reported). Any other unreadable line is a DataError
+    naming `file:line`."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("file not found", where=str(path))
+    raw = path.read_bytes().split(b"\n")
+    complete_tail = bool(raw) and raw[-1] == b""
+    if complete_tail:
+        raw.pop()
+    records: list[tuple[int, dict]] = []
+    warnings: list[str] = []
+    truncated = False
+    for i, line in enumerate(raw, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, UnicodeDecodeError) as exc:
+            if i == len(raw) and not complete_tail:
+                warnings.append(f"{path}:{i}: last line is truncated (cut mid-write); ignored")
+                truncated = True
+                break
+            raise DataError(f"invalid JSON ({exc.__class__.__name__})",
+                            where=f"{path}:{i}") from None
+        if not isinstance(obj, dict):
+            raise DataError("expected a JSON object", where=f"{path}:{i}")
+        records.append((i, obj))
+    return records, warnings, truncated
+
+
+def merge_steps(items: list[tuple[int, dict]], where: str) -> tuple[list[tuple[int, dict]],
+                                                                     list[str]]:
+    """Records keyed by step -> one dict per step, in order.
+
+    Consecutive records of the same step are merged (later keys win): frameworks log several
+    dicts per step. A step lower than the previous one is a restart from a checkpoint: the
+    rows it re-logs replace the earlier ones from that step on (warned).
+    """
+    out: list[tuple[int, dict]] = []
+    warnings: list[str] = []
+    for step, data in items:
+        if out and step == out[-1][0]:
+            out[-1][1].update(data)
+            continue
+        if out and step < out[-1][0]:
+            dropped = sum(1 for s, _ in out if s >= step)
+            out = [(s, d) for s, d in out if s < step]
+            warnings.append(f"{where}: step {step} logged again (restart); {dropped} earlier "
+                            f"row(s) from step {step} on replaced")
+        out.append((step, dict(data)))
+    return out, warnings
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def num(v: Any) -> float | None:
+    """A finite number (ints stay ints), else None (NaN/inf are stored as null)."""
+    if not is_number(v):
+        return None
+    if isinstance(v, int):
+        return v
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def first(data: dict, keys: tuple) -> tuple[str | None, Any]:
+    """The first of `keys` present in `data` with a numeric value (or null)."""
+    for k in keys:
+        if k in data and (data[k] is None or is_number(data[k])):
+            return k, data[k]
+    return None, None
+
+
+def map_metrics(data: dict, mapping: dict[str, tuple], used: set) -> dict:
+    """rlbatch key -> value of the first present source key; source keys used are recorded."""
+    row = {}
+    for target, sources in mapping.items():
+        key, value = first(data, sources)
+        if key is not None:
+            row[target] = num(value)
+            used.add(key)
+    return row
+
+
+def extras(data: dict, used: set, prefix: str) -> dict:
+    """Every other numeric value, kept under `<prefix>/<original key>` (names are only ever
+    added, never renamed)."""
+    return {f"{prefix}/{k}": num(v) for k, v in data.items()
+            if k not in used and (is_number(v) or v is None)}
+
+
+# ---------------------------------------------------------------- TensorBoard
+@dataclass
+class TBScalars:
+    """Scalars of one TensorBoard run: tag -> {step: (wall_time, value)}; `origin` is the
+    earliest event wall time (the writer's file_version record, written when it opened)."""
+
+    scalars: dict
+    origin: float
+    files: list
+    warnings: list
+    truncated: bool
+
+
+class _TruncationLog(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Truncated record"):
+            self.messages.append(record.getMessage())
+
+
+def event_files(path: Path) -> list[Path]:
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise DataError("path not found", where=str(path))
+    files = sorted(p for p in path.rglob("events.out.tfevents.*") if p.is_file())
+    if not files:
+        raise DataError("no TensorBoard event files (events.out.tfevents.*) found", where=str(path))
+    return files
+
+
+def read_tensorboard(path: Path) -> TBScalars:
+    """Scalar events of every event file under `path` (later wall time wins per tag/step).
+
+    A record cut mid-write (or failing its checksum) ends the file: reported, not fatal —
+    TensorBoard's own loader stops there silently; we catch its log message to say so.
+    """
+    try:
+        from google.protobuf.message import DecodeError
+        from tensorboard.backend.event_processing import event_file_loader
+        from tensorboard.util import tensor_util
+    except ImportError:
+        raise DataError("reading TensorBoard event files needs the 'tensorboard' package: "
+                        "pip install 'rlbatch[trackers]'", where=str(path)) from None
+    files = event_files(path)
+    scalars: dict[str, dict[int, tuple[float, float]]] = {}
+    origin = math.inf
+    warnings: list[str] = []
+    for f in files:
+        catcher = _TruncationLog()
+        log = getattr(event_file_loader, "logger", logging.getLogger("tensorboard"))
+        old_level = log.level
+        log.addHandler(catcher)
+        log.setLevel(logging.DEBUG)
+        try:
+            for ev in event_file_loader.LegacyEventFileLoader(str(f)).Load():
+                origin = min(origin, ev.wall_time)
+                for v in ev.summary.value:
+                    value = _scalar(v, tensor_util)
+                    if value is None:
+                        continue
+                    old = scalars.setdefault(v.tag, {}).get(ev.step)
+                    if old is None or ev.wall_time >= old[0]:
+                        scalars[v.tag][ev.step] = (ev.wall_time, value)
+        except (OSError, DecodeError) as exc:
+            raise DataError(f"cannot read TensorBoard events ({exc.__class__.__name__}: {exc})",
+                            where=str(f)) from None
+        finally:
+            log.removeHandler(catcher)
+            log.setLevel(old_level)
+        if catcher.messages:
+            warnings.append(f"{f}: ends in a truncated or corrupt record (cut mid-write); "
+                            f"events after it ignored")
+    if not scalars:
+        raise DataError("no scalar events in the TensorBoard files", where=str(path))
+    return TBScalars(scalars, origin, files, warnings, bool(warnings))
+
+
+def _scalar(v, tensor_util) -> float | None:
+    if v.HasField("simple_value"):
+        # stored as float32: decode to the shortest decimal that round-trips (1e-06, not
+        # 9.999999974752427e-07)
+        return float(str(np.float32(v.simple_value)))
+    if v.HasField("tensor"):
+        arr = tensor_util.make_ndarray(v.tensor)
+        if arr.size == 1 and arr.dtype.kind in "fiu":
+            return float(arr.reshape(-1)[0])
+    return None
+
+
+def tb_step_records(tb: TBScalars, prefix_map: dict[str, str]) -> list[tuple[int, dict, float]]:
+    """(step, {key: value}, latest wall time) per step, keeping tags that start with one of
+    `prefix_map`'s prefixes (renamed to its value: 'train/' -> '' strips the prefix)."""
+    by_step: dict[int, tuple[dict, float]] = {}
+    for tag, series in tb.scalars.items():
+        for prefix, repl in prefix_map.items():
+            if tag.startswith(prefix):
+                key = repl + tag[len(prefix):]
+                break
+        else:
+            continue
+        for step, (wall, value) in series.items():
+            data, last = by_step.setdefault(step, ({}, -math.inf))
+            data[key] = value
+            by_step[step] = (data, max(last, wall))
+    return [(s, d, w) for s, (d, w) in sorted(by_step.items())]
