@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from rlbatch.core.config import Config
@@ -62,15 +63,50 @@ def failure_line(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def _fresh_counters(cfg: Config) -> dict:
-    return {"step": 0, "samples": 0, "prompts": 0, "tokens": 0, "train_s": 0.0,
-            "consumed": 0, "nonfinite_total": 0, "nonfinite_run": 0,
-            "next_eval": cfg.eval.every_samples, "next_ckpt": cfg.checkpoint.every_samples or 0,
-            "evals_done": 0, "eval_s": 0.0, "checkpoint_s": 0.0, "first_step_s": None,
-            "target": None, "target_threshold": cfg.target.value, "status": "running",
-            "last_eval": None, "stop_reason": None, "stop_code": None, "failure": None,
-            "reward_calls": 0, "reward_errors": 0, "reward_timeouts": 0, "reward_nonfinite": 0,
-            "reward_window": []}
+@dataclass
+class Counters:
+    """Everything a run counts, saved with each checkpoint (`counters.json`) and restored on
+    resume; names as in summary.json where they appear there."""
+
+    step: int = 0  # rollout steps done
+    samples: int = 0  # retained responses (the x-axis)
+    prompts: int = 0
+    tokens: int = 0  # generated response tokens
+    train_s: float = 0.0  # wall seconds of rollout steps (evaluations, checkpoints excluded)
+    consumed: int = 0  # prompts drawn from the training stream (replayed on resume)
+    nonfinite_total: int = 0  # optimizer updates skipped as non-finite, in all
+    nonfinite_run: int = 0  # consecutive steps with a skipped update
+    next_eval: int = 0  # the sample mark of the next evaluation
+    next_ckpt: int = 0  # the sample mark of the next checkpoint (0: none)
+    evals_done: int = 0
+    eval_s: float = 0.0
+    checkpoint_s: float = 0.0
+    first_step_s: float | None = None
+    target: dict | None = None  # the crossing: step, samples, train_s, reached_value
+    target_threshold: float | None = None  # absolute, or step-0 value + gain once known
+    status: str = "running"
+    last_eval: dict | None = None
+    stop_reason: str | None = None
+    stop_code: str | None = None
+    failure: str | None = None
+    reward_calls: int = 0
+    reward_errors: int = 0
+    reward_timeouts: int = 0
+    reward_nonfinite: int = 0
+    reward_window: list = field(default_factory=list)  # [calls, faults] of recent steps
+
+    @classmethod
+    def fresh(cls, cfg: Config) -> Counters:
+        return cls(next_eval=cfg.eval.every_samples,
+                   next_ckpt=cfg.checkpoint.every_samples or 0,
+                   target_threshold=cfg.target.value)
+
+    def restore(self, saved: dict) -> None:
+        """Take the values of a checkpoint's counters.json (unknown keys are ignored)."""
+        names = {f.name for f in fields(self)}
+        for key, value in saved.items():
+            if key in names:
+                setattr(self, key, value)
 
 
 class RunState:
@@ -79,23 +115,23 @@ class RunState:
         self.dir = run_dir
         self.resuming = resuming
         self.finished = finished
-        self.c = _fresh_counters(cfg)
+        self.c = Counters.fresh(cfg)
         self._from_checkpoint = False
         self.summary = _read_json(run_dir / "summary.json") if finished else {}
         self.writer: RunWriter | None = None
 
     @property
     def status(self) -> str:
-        return self.c["status"]
+        return self.c.status
 
     def load_counters(self, counters: dict) -> None:
-        self.c.update(counters)
+        self.c.restore(counters)
         self._from_checkpoint = True
 
     def truncate_logs(self) -> None:
         if self.finished:
             return
-        keep = self.c["step"] if self._from_checkpoint else -1
+        keep = self.c.step if self._from_checkpoint else -1
         for name in ("steps.jsonl", "evals.jsonl", REWARD_ERRORS):
             truncate_jsonl_after_step(self.dir / name, keep)
         self.writer = RunWriter(self.dir)
@@ -110,15 +146,15 @@ class RunState:
     def advance(self, prompts: int, samples: int, tokens: int, wall: float, skipped: int,
                 any_skipped: bool) -> None:
         c = self.c
-        c["step"] += 1
-        c["prompts"] += prompts
-        c["samples"] += samples
-        c["tokens"] += tokens
-        c["train_s"] += wall
-        c["consumed"] += prompts
-        c["first_step_s"] = c["first_step_s"] if c["first_step_s"] is not None else wall
-        c["nonfinite_total"] += skipped
-        c["nonfinite_run"] = c["nonfinite_run"] + 1 if any_skipped else 0
+        c.step += 1
+        c.prompts += prompts
+        c.samples += samples
+        c.tokens += tokens
+        c.train_s += wall
+        c.consumed += prompts
+        c.first_step_s = c.first_step_s if c.first_step_s is not None else wall
+        c.nonfinite_total += skipped
+        c.nonfinite_run = c.nonfinite_run + 1 if any_skipped else 0
 
     def log_step(self, row: dict) -> None:
         self.writer.log_step(row)
@@ -127,19 +163,19 @@ class RunState:
     def count_reward_faults(self, calls: int, counts: dict) -> None:
         """Add one training step's reward calls and faults to the totals and the window."""
         c = self.c
-        c["reward_calls"] += calls
+        c.reward_calls += calls
         for key in _FAULT_KEYS:
-            c[f"reward_{key}"] += counts[key]
-        window = [*c["reward_window"], [calls, sum(counts[k] for k in _FAULT_KEYS)]]
+            setattr(c, f"reward_{key}", getattr(c, f"reward_{key}") + counts[key])
+        window = [*c.reward_window, [calls, sum(counts[k] for k in _FAULT_KEYS)]]
         keep = self.cfg.reward.error_window_calls
         while len(window) > 1 and sum(n for n, _ in window[1:]) >= keep:
             window.pop(0)  # the most recent whole steps covering at least `keep` calls
-        c["reward_window"] = window
+        c.reward_window = window
 
     def reward_fault_rate_exceeded(self) -> str | None:
         """The failure message when the window's fault rate is past reward.max_error_rate."""
-        calls = sum(n for n, _ in self.c["reward_window"])
-        faults = sum(f for _, f in self.c["reward_window"])
+        calls = sum(n for n, _ in self.c.reward_window)
+        faults = sum(f for _, f in self.c.reward_window)
         return fault_rate_message(self.cfg, faults, calls, "of the last training calls")
 
     def log_reward_faults(self, rows: list[dict], phase: str) -> None:
@@ -147,7 +183,7 @@ class RunState:
         if not rows:
             return
         with open(self.dir / REWARD_ERRORS, "a") as fh:
-            step = self.c["step"] + (1 if phase == "train" else 0)  # the step being run
+            step = self.c.step + (1 if phase == "train" else 0)  # the step being run
             for row in rows:
                 row = {"step": step, "phase": phase, **row}
                 fh.write(dumps_strict(row) + "\n")
@@ -159,73 +195,73 @@ class RunState:
     def log_eval(self, row: dict, seconds: float) -> None:
         c, t = self.c, self.cfg.target
         self.writer.log_eval(row)
-        c["eval_s"] += seconds
-        c["evals_done"] += 1
-        c["last_eval"] = row
+        c.eval_s += seconds
+        c.evals_done += 1
+        c.last_eval = row
         every = self.cfg.eval.every_samples
-        c["next_eval"] = (c["samples"] // every + 1) * every
+        c.next_eval = (c.samples // every + 1) * every
         value = row.get(t.metric)
         if isinstance(value, float) and not math.isfinite(value):
             value = None  # not measured (e.g. every held-out reward call faulted)
-        if c.get("target_threshold") is None and t.gain is not None and row["step"] == 0 \
+        if c.target_threshold is None and t.gain is not None and row["step"] == 0 \
                 and value is not None:
-            c["target_threshold"] = value + t.gain  # relative target: step-0 value + gain
-        threshold = c.get("target_threshold")
-        if c["target"] is None and threshold is not None and value is not None \
+            c.target_threshold = value + t.gain  # relative target: step-0 value + gain
+        threshold = c.target_threshold
+        if c.target is None and threshold is not None and value is not None \
                 and value >= threshold:
-            c["target"] = {"step": row["step"], "samples": row["samples"],
+            c.target = {"step": row["step"], "samples": row["samples"],
                            "train_s": row["train_s"], "reached_value": value}
-            if self.cfg.budget.stop_at_target and c["status"] == "running":
-                c["status"] = "target_reached"
+            if self.cfg.budget.stop_at_target and c.status == "running":
+                c.status = "target_reached"
 
     def needs_final_eval(self) -> bool:
         """A finished run ends on an evaluation at its last step (a stopped or budget-ended
         run's curve then ends where it stopped, not at the last eval mark)."""
-        last = self.c["last_eval"]
-        return self.c["status"] != "running" and (last is None or last["step"] != self.c["step"])
+        last = self.c.last_eval
+        return self.c.status != "running" and (last is None or last["step"] != self.c.step)
 
     def after_final_eval(self) -> None:
-        if self.c["status"] == "budget_exhausted" and self.c["target"]:
-            self.c["status"] = "target_reached"
+        if self.c.status == "budget_exhausted" and self.c.target:
+            self.c.status = "target_reached"
 
     def update_status(self, row: dict) -> None:
         c, b = self.c, self.cfg.budget
-        if c["status"] != "running":
+        if c.status != "running":
             return
         stop = self.dir / STOP_FILE
         if stop.exists():  # a cooperative stop request (rlbatch profile's early stopping)
-            c["stop_reason"] = stop.read_text().strip() or "requested"
-            code = c["stop_reason"].split(":", 1)[0].strip()
-            c["stop_code"] = code if code in STOP_CODES else "requested"
-            c["status"] = "stopped"
-        elif c["nonfinite_run"] >= self.cfg.nonfinite.max_consecutive:
-            c["status"] = "diverged"
-        elif c["samples"] >= b.max_samples or (b.max_train_s and c["train_s"] >= b.max_train_s):
-            c["status"] = "target_reached" if c["target"] else "budget_exhausted"
+            c.stop_reason = stop.read_text().strip() or "requested"
+            code = c.stop_reason.split(":", 1)[0].strip()
+            c.stop_code = code if code in STOP_CODES else "requested"
+            c.status = "stopped"
+        elif c.nonfinite_run >= self.cfg.nonfinite.max_consecutive:
+            c.status = "diverged"
+        elif c.samples >= b.max_samples or (b.max_train_s and c.train_s >= b.max_train_s):
+            c.status = "target_reached" if c.target else "budget_exhausted"
 
     def due_checkpoint(self) -> bool:
         every = self.cfg.checkpoint.every_samples
-        if not every or self.c["samples"] < self.c["next_ckpt"]:
+        if not every or self.c.samples < self.c.next_ckpt:
             return False
-        self.c["next_ckpt"] = (self.c["samples"] // every + 1) * every
+        self.c.next_ckpt = (self.c.samples // every + 1) * every
         return True
 
     def counters_for_checkpoint(self) -> dict:
-        return dict(self.c)
+        return asdict(self.c)
 
     def checkpointed(self, seconds: float) -> None:
-        self.c["checkpoint_s"] += seconds
+        self.c.checkpoint_s += seconds
 
     # ---- failure ----
     def fail(self, exc: BaseException) -> None:
         """Write `failed` and the reason before the exception propagates. Counters that were
         not restored (a resume that failed before loading its checkpoint) are not written
         over the previous attempt's: only its status and failure change then."""
-        self.c["status"] = "failed"
-        self.c["failure"] = failure_line(exc)
+        self.c.status = "failed"
+        self.c.failure = failure_line(exc)
         if self.resuming and not self._from_checkpoint and self.writer is None:
             previous = _read_json(self.dir / "summary.json")
-            self.summary = {**previous, "status": "failed", "failure": self.c["failure"],
+            self.summary = {**previous, "status": "failed", "failure": self.c.failure,
                             "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
             atomic_write_json(self.dir / "summary.json", self.summary)
         else:
@@ -239,19 +275,19 @@ class RunState:
     def _summary(self) -> dict:
         c, t = self.c, self.cfg.target
         target = {"metric": t.metric, "value": t.value, "gain": t.gain,
-                  "threshold": c.get("target_threshold"), "reached": c["target"] is not None}
-        if c["target"]:
-            target.update(c["target"])  # step, samples, train_s, reached_value of the crossing
-        return {"status": c["status"], "steps": c["step"], "samples": c["samples"],
-                "prompts": c["prompts"], "tokens": c["tokens"], "train_s": c["train_s"],
-                "eval_s": c["eval_s"], "checkpoint_s": c["checkpoint_s"],
-                "first_step_s": c["first_step_s"],
-                "throughput": c["samples"] / c["train_s"] if c["train_s"] else None,
-                "nonfinite_skipped": c["nonfinite_total"], "target": target,
-                "last_eval": c["last_eval"], "stop_reason": c.get("stop_reason"),
-                "stop_code": c.get("stop_code"), "failure": c.get("failure"),
-                "reward_faults": {"calls": c["reward_calls"],
-                                  **{k: c[f"reward_{k}"] for k in _FAULT_KEYS}},
+                  "threshold": c.target_threshold, "reached": c.target is not None}
+        if c.target:
+            target.update(c.target)  # step, samples, train_s, reached_value of the crossing
+        return {"status": c.status, "steps": c.step, "samples": c.samples,
+                "prompts": c.prompts, "tokens": c.tokens, "train_s": c.train_s,
+                "eval_s": c.eval_s, "checkpoint_s": c.checkpoint_s,
+                "first_step_s": c.first_step_s,
+                "throughput": c.samples / c.train_s if c.train_s else None,
+                "nonfinite_skipped": c.nonfinite_total, "target": target,
+                "last_eval": c.last_eval, "stop_reason": c.stop_reason,
+                "stop_code": c.stop_code, "failure": c.failure,
+                "reward_faults": {"calls": c.reward_calls,
+                                  **{k: getattr(c, f"reward_{k}") for k in _FAULT_KEYS}},
                 "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
     def _write_summary(self) -> None:

@@ -136,7 +136,7 @@ class Trainer:
         self.rewards.log.seen |= {fault_key(*kind_message)
                                   for kind_message in st.logged_reward_faults()}
         self.stream = self.task.train_stream(self.cfg.seed)
-        for _ in range(st.c["consumed"]):  # replay the prompt stream to where it stopped
+        for _ in range(st.c.consumed):  # replay the prompt stream to where it stopped
             next(self.stream)
 
     def _ids(self, example) -> list[int]:
@@ -151,7 +151,7 @@ class Trainer:
 
     def _run(self) -> dict:
         st, cfg = self.state, self.cfg
-        if st.c["step"] == 0 and cfg.eval.at_start and not st.c["evals_done"]:
+        if st.c.step == 0 and cfg.eval.at_start and not st.c.evals_done:
             self._evaluate()
         while st.status == "running":
             row = self._step()
@@ -160,7 +160,7 @@ class Trainer:
             self.cb("step", row)
             if (reason := st.reward_fault_rate_exceeded()) is not None:
                 raise RewardError(reason)
-            while st.c["samples"] >= st.c["next_eval"]:
+            while st.c.samples >= st.c.next_eval:
                 self._evaluate()
             st.update_status(row)
             if st.needs_final_eval():
@@ -184,7 +184,7 @@ class Trainer:
                 time.sleep(cfg.rollout.simulated_latency_s)
         with timer.phase("reward"):
             rewards, unscorable, faults = self._score(
-                ro, [e for e in examples for _ in range(G)], st.c["consumed"], G, "train")
+                ro, [e for e in examples for _ in range(G)], st.c.consumed, G, "train")
             st.count_reward_faults(len(prompt_ids), faults.counts())
         drop = self._dropped(torch.tensor(faults.faulted, dtype=torch.bool))
         with timer.phase("other"):
@@ -198,14 +198,14 @@ class Trainer:
         if self.ref is not None:
             with timer.phase("reference"), torch.no_grad():
                 ref_logp = forward_logprobs(self.ref, batch, cfg.rollout.temperature)
-        samples_after = st.c["samples"] + len(prompt_ids)
+        samples_after = st.c.samples + len(prompt_ids)
         stats, skipped = self._updates(batch, rewards, old_logp, ref_logp, samples_after,
                                        valid=None if drop is None else ~drop)
         times, _ = timer.end_step()
         wall = time.perf_counter() - t_step
         st.advance(P, len(prompt_ids), ro.tokens, wall, skipped, skipped > 0)
-        row = {"step": st.c["step"], "samples": st.c["samples"], "prompts": st.c["prompts"],
-               "tokens": st.c["tokens"], "train_s": st.c["train_s"]}
+        row = {"step": st.c.step, "samples": st.c.samples, "prompts": st.c.prompts,
+               "tokens": st.c.tokens, "train_s": st.c.train_s}
         named = ("rollout", "reward", "actor_update", "critic_values", "critic_update",
                  "reference", "noise_scale")
         for k in named:
@@ -351,13 +351,13 @@ class Trainer:
         prompt_ids = [self._ids(e) for e in examples for _ in range(k)]
         params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, greedy=k == 1,
                                 temperature=ev.temperature)
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + st.c["step"])
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + st.c.step)
         ro = self.engine.generate(prompt_ids, params, cfg.rollout.generation_concurrency,
                                   generator=gen)
         rewards, unscorable, scored = self._score(ro, [e for e in examples for _ in range(k)], 0,
                                                   k, "eval")
         ok = ~torch.tensor(scored.faulted, dtype=torch.bool)
-        row = {"step": st.c["step"], "samples": st.c["samples"], "train_s": st.c["train_s"],
+        row = {"step": st.c.step, "samples": st.c.samples, "train_s": st.c.train_s,
                # the mean over the calls that did not fault (none faulted: over all of them)
                "eval/accuracy": float(rewards[ok].mean()) if ok.any() else float("nan"),
                "eval/unscorable": unscorable,
@@ -368,7 +368,7 @@ class Trainer:
         self.trackers.log(row)
         self.cb("eval", row)
         reason = fault_rate_message(cfg, scored.n_faults, len(scored.faults),
-                                    f"in the evaluation at step {st.c['step']}")
+                                    f"in the evaluation at step {st.c.step}")
         if reason is not None:
             raise RewardError(reason)
 

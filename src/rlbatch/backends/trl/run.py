@@ -140,7 +140,7 @@ class TRLRun:
 
     def _run(self) -> dict:
         st = self.state
-        if st.c["step"] == 0 and self.cfg.eval.at_start and not st.c["evals_done"]:
+        if st.c.step == 0 and self.cfg.eval.at_start and not st.c.evals_done:
             self.evaluate()
         if st.status != "running":  # target reached at the start, or a final checkpoint
             return st.finish()
@@ -149,7 +149,7 @@ class TRLRun:
             self.trainer.train(resume_from_checkpoint=str(self.checkpoint) if self.checkpoint
                                else None)
         if st.status == "running":  # HF stopped before the budget: should not happen
-            st.c["status"] = "failed"
+            st.c.status = "failed"
         return st.finish()
 
     def end_step(self, logs: list[dict], wall: float, skipped: int, control) -> None:
@@ -158,8 +158,8 @@ class TRLRun:
         P = cfg.batch.prompts_per_step
         times, tr.phase_s = tr.phase_s, {}
         st.advance(P, len(rw.rewards), rw.tokens, wall, skipped, skipped > 0)
-        row = {"step": st.c["step"], "samples": st.c["samples"], "prompts": st.c["prompts"],
-               "tokens": st.c["tokens"], "train_s": st.c["train_s"]}
+        row = {"step": st.c.step, "samples": st.c.samples, "prompts": st.c.prompts,
+               "tokens": st.c.tokens, "train_s": st.c.train_s}
         named = ("rollout", "reward", "actor_update", "critic_update", "reference")
         for k in named:
             if k != "reference" or cfg.loss.kl_coef > 0:
@@ -187,7 +187,7 @@ class TRLRun:
         self.cb("step", row)
         if (reason := st.reward_fault_rate_exceeded()) is not None:
             raise RewardError(reason)
-        while st.c["samples"] >= st.c["next_eval"]:
+        while st.c.samples >= st.c.next_eval:
             self.evaluate()
         st.update_status(row)
         if st.needs_final_eval():
@@ -214,7 +214,7 @@ class TRLRun:
         prompt_ids = [encode_prompt(self.tok, e) for e in reps]
         params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, greedy=ev.k == 1,
                                 temperature=ev.temperature)
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + st.c["step"])
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + st.c.step)
         model = self.trainer.model
         was_training = model.training
         model.eval()
@@ -231,7 +231,7 @@ class TRLRun:
         scored = self.runner.score(calls)
         st.log_reward_faults(self.runner.log.new(self.runner.name, scored, calls), "eval")
         ok = [s for s, f in zip(scored.values, scored.faults) if f is None]
-        row = {"step": st.c["step"], "samples": st.c["samples"], "train_s": st.c["train_s"],
+        row = {"step": st.c.step, "samples": st.c.samples, "train_s": st.c.train_s,
                # the mean over the calls that did not fault, as the built-in trainer's
                "eval/accuracy": sum(s or 0.0 for s in ok) / len(ok) if ok else float("nan"),
                "eval/unscorable": sum(s is None for s in ok),
@@ -241,7 +241,7 @@ class TRLRun:
         st.log_eval(row, time.perf_counter() - t0)
         self.cb("eval", row)
         reason = fault_rate_message(cfg, scored.n_faults, len(calls),
-                                    f"in the evaluation at step {st.c['step']}")
+                                    f"in the evaluation at step {st.c.step}")
         if reason is not None:
             raise RewardError(reason)
 
