@@ -15,11 +15,17 @@ from rlbatch.core.errors import Terminated
 err = Console(stderr=True)
 
 
+# the progress line's phase shares: label -> the time/* keys it sums
+_SHARES = (("rollout", ("rollout",)), ("reward", ("reward",)), ("actor", ("actor_update",)),
+           ("critic", ("critic_values", "critic_update")),
+           ("other", ("reference", "noise_scale", "other")))
+
+
 def _split(row: dict) -> str:
-    keys = ("rollout", "reward", "actor_update", "critic_update", "other")
-    total = sum(row.get(f"time/{k}", 0.0) for k in keys) or 1.0
-    return " ".join(f"{k.split('_')[0]} {100 * row.get(f'time/{k}', 0.0) / total:.0f}%"
-                    for k in keys if row.get(f"time/{k}"))
+    """Each phase's share of the step's wall time (`train_s` of the step), e.g. `rollout 80%`."""
+    parts = {label: sum(row.get(f"time/{k}") or 0.0 for k in keys) for label, keys in _SHARES}
+    total = sum(parts.values()) or 1.0
+    return " ".join(f"{label} {100 * t / total:.0f}%" for label, t in parts.items() if t)
 
 
 def train(
