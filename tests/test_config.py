@@ -199,3 +199,20 @@ def test_noise_scale_without_two_micro_batches_is_refused_with_the_size_to_set()
     ok = load_config(preset="grpo-tiny", overrides=["noise_scale.enabled=true",
                                                      "batch.micro_batch_sequences=64"])
     assert ok.micro_batch_sequences == 64
+
+
+def test_noise_scale_needs_two_micro_batches_in_the_critic_minibatch_as_well():
+    from rlbatch.core.errors import ConfigError
+    from rlbatch.core.loading import load_config
+
+    # B = 128: the actor's minibatch holds 2 micro-batches of 64, the critic's (4 minibatches
+    # of 32 sequences) holds less than one, so critic/noise_scale could not be measured
+    sets = ["noise_scale.enabled=true", "batch.micro_batch_sequences=64",
+            "critic.minibatches_per_step=4"]
+    with pytest.raises(ConfigError) as err:
+        load_config(preset="ppo-tiny", overrides=sets)
+    assert "critic minibatch" in str(err.value)
+    assert "batch.micro_batch_sequences <= 16" in str(err.value)
+    ok = load_config(preset="ppo-tiny", overrides=[*sets[:1], "batch.micro_batch_sequences=16",
+                                                   "critic.minibatches_per_step=4"])
+    assert ok.micro_batch_sequences == 16

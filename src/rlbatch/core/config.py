@@ -100,6 +100,12 @@ class Config(_Strict):
                 f"noise_scale.enabled needs at least 2 micro-batches per minibatch (the two-batch "
                 f"estimator compares them with the minibatch): set batch.micro_batch_sequences "
                 f"<= {mini // 2} (the minibatch is {mini} sequences)")
+        critic_mini = seqs // self.critic.minibatches_per_step
+        if self.noise_scale.enabled and self.algorithm == "ppo" and critic_mini < 2 * micro:
+            raise ValueError(
+                f"noise_scale.enabled needs at least 2 micro-batches per critic minibatch too: "
+                f"set batch.micro_batch_sequences <= {critic_mini // 2} or fewer "
+                f"critic.minibatches_per_step (the critic's minibatch is {critic_mini} sequences)")
         if self.target.gain is not None and not self.eval.at_start:
             raise ValueError("target.gain is relative to the step-0 evaluation: it needs "
                              "eval.at_start: true")
