@@ -316,7 +316,11 @@ def test_on_error_drop_leaves_faulted_samples_out(tiny_model_dir, tmp_path, pres
                    *_sets(SMALL + ["task.reward=faulty_rewards:raises_10pct", "eval.prompts=64",
                                    "budget.max_samples=256", "eval.at_start=false",
                                    "reward.on_error=drop", "batch.minibatches_per_step=2",
-                                   "critic.warmup_samples=0", "reward.workers=1"]))
+                                   "critic.warmup_samples=0", "reward.workers=1",
+                                   # the faults are random (10% a call): a 64-call step past
+                                   # the default 25% limit is rare but was seen once in CI;
+                                   # the limit has its own tests, this one is about dropping
+                                   "reward.max_error_rate=0.5"]))
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     run = read_run(summary["run_dir"])
