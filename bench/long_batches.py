@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=int, default=64, help="B0, for the q ratios")
     ap.add_argument("--samples", type=int, default=4096, help="samples per run")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--concurrency", default="preset",
+                    help="decode concurrency C per run: 'preset' (the preset's), 'B' (C = B, "
+                         "every sequence of a step decodes at once) or a number")
     ap.add_argument("--set", dest="extra", action="append", default=[],
                     help="extra config override for every run (repeatable)")
     args = ap.parse_args(argv)
@@ -87,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             order = batches[rep % len(batches):] + batches[:rep % len(batches)]
             for b in order:
+                extra = list(args.extra)
+                if args.concurrency != "preset":
+                    c = b if args.concurrency == "B" else int(args.concurrency)
+                    extra.append(f"rollout.generation_concurrency={c}")
                 run_dir = run_one(args.preset, args.group, b, args.samples, rep,
-                                  Path(tmp) / f"r{rep}", args.extra)
+                                  Path(tmp) / f"r{rep}", extra)
                 results[b].append(measure(run_dir))
                 print(f"rep {rep} B={b}: q {results[b][-1]['q']:.1f} samples/s", flush=True)
     rows = []
@@ -103,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                      "low_concurrency_share": statistics.median(lows) if lows else None,
                      "steps": rs[0]["steps"]})
     q0 = next(r["q"] for r in rows if r["B"] == args.base)
-    print(f"\n{args.preset}: median of {args.reps} repetitions, {args.samples} samples a run")
+    print(f"\n{args.preset}: median of {args.reps} repetitions, {args.samples} samples a run, "
+          f"decode concurrency {args.concurrency}")
     print(f"{'B':>5} {'q':>8} {'q/q0':>6} {'rollout':>8} {'update':>7} {'<8 share':>9} "
           f"{'mean len':>9} {'p50':>5} {'p90':>5} {'max':>5}")
     for r in rows:
@@ -113,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['update_share']:>7.2f} {low:>9} {r['mean_length']:>9.1f} "
               f"{r['p50_length']:>5.0f} {r['p90_length']:>5.0f} {r['max_length']:>5.0f}")
     print(json.dumps({"bench": "long_batches", "preset": args.preset, "base": args.base,
+                      "concurrency": args.concurrency,
                       "samples": args.samples, "reps": args.reps, "rows": rows}))
     return 0
 

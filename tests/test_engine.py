@@ -15,7 +15,7 @@ import torch
 
 from rlbatch.cli.main import main
 from rlbatch.core.errors import ConfigError
-from rlbatch.rollout.builtin_engine import BuiltinEngine
+from rlbatch.rollout.builtin_engine import REFILL_DIVISOR, BuiltinEngine
 from rlbatch.rollout.decode_bench import (
     BenchSpec,
     ModelShape,
@@ -92,8 +92,25 @@ def test_decode_seconds_at_low_concurrency_are_counted_apart():
     assert 0 < tail["decode_low_s"] < tail["decode_s"]
 
 
+def test_freed_slots_are_refilled_in_groups():
+    """Past the first wave, each prefill takes at least C // REFILL_DIVISOR prompts (or the
+    rest): at most 1 + ceil((n - C) / group) prefills, and every sequence is decoded."""
+    model, max_new = small_llama(), 12
+    prompts = random_prompts(96, seed=4)
+    eos = pick_eos(model, prompts, max_new)
+    params = SamplingParams(max_new_tokens=max_new, temperature=1.0)
+    C = 32  # groups of 4; refilling each slot as it frees took 20 prefills here
+    group = C // REFILL_DIVISOR
+    out = BuiltinEngine(model, [eos], PAD).generate(prompts, params, C,
+                                                     generator=torch.Generator().manual_seed(0))
+    assert len(set(out.lengths.tolist())) >= 3  # sequences free their slots at different steps
+    assert 1 < out.timing["prefills"] <= 1 + math.ceil((96 - C) / group)
+    assert all(r in ("eos", "length") for r in out.finish_reasons)
+    assert (out.lengths >= 1).all()
+
+
 # ---- acceptance 1: greedy tokens equal transformers generate ----
-@pytest.mark.parametrize("concurrency", [5, 7])
+@pytest.mark.parametrize("concurrency", [5, 7, 16])  # 16: slots refilled in groups of 2
 def test_greedy_tokens_match_hf_generate(concurrency):
     model, max_new = small_llama(), 12
     prompts = random_prompts(23, seed=1)

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers.profile_kill import kill_profile_when, logged_steps
 from rlbatch.core.runlog import read_jsonl
 
 WINS = ["--batches", "64", "--concurrency", "64", "--set", "target.gain=0.08",
@@ -44,28 +43,14 @@ def _run(cmd: list[str]) -> dict:
 
 
 def _kill_mid_way(out: Path) -> None:
-    """Start the profile and SIGKILL it (with its trial process) once one trial has finished
-    and the next has logged a few steps."""
-    proc = subprocess.Popen(_profile_cmd(out), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    journal = out / "journal.jsonl"
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            events = read_jsonl(journal)[0] if journal.exists() else []
-            started = [e for e in events if e["event"] == "started"]
-            if any(e["event"] == "finished" for e in events) and len(started) >= 2:
-                steps = Path(started[-1]["run_dir"]) / "steps.jsonl"
-                if steps.exists() and len(steps.read_text().splitlines()) >= 3:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    return
-            time.sleep(0.1)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail("the profile finished or stalled before it could be killed mid-way")
+    """SIGKILL the profile (with its trial process) once one trial has finished and the next
+    has logged a few steps."""
+    def ready(events: list[dict]) -> bool:
+        started = [e for e in events if e["event"] == "started"]
+        return (any(e["event"] == "finished" for e in events) and len(started) >= 2
+                and logged_steps(started[-1]["run_dir"]) >= 3)
+
+    kill_profile_when(_profile_cmd(out), out, ready, timeout_s=600)
 
 
 @pytest.fixture(scope="module")

@@ -193,5 +193,35 @@ def test_stop_request_ends_the_run_stopped_after_a_final_evaluation(tiny_model_d
     assert t["threshold"] == pytest.approx(run.evals[0]["eval/accuracy"] + 0.5)
 
 
+def test_stopped_run_continues_once_its_stop_file_is_gone(tiny_model_dir, tmp_path):
+    """How the probe strategy extends a probe: a run stopped by a STOP file stays finished
+    while the file is there (even with --resume); once it is removed, --resume continues it
+    from its last checkpoint, and its steps equal an uninterrupted run's (the evaluation where
+    it stopped is the only extra row)."""
+    from rlbatch.backends.builtin.trainer import Trainer
+    from rlbatch.core.loading import load_config
+
+    sets = ["batch.prompts_per_step=8", "budget.max_samples=512", "eval.every_samples=256",
+            "eval.prompts=32", "budget.stop_at_target=false"]
+
+    def cfg(out):
+        return load_config(preset="grpo-tiny", overrides=[*sets, f"output_dir={out}"])
+
+    full = Trainer(cfg(tmp_path / "a")).run()
+    first = Trainer(cfg(tmp_path / "b"))
+    (first.state.dir / "STOP").write_text("probe: 64 samples, the probe's length 64")
+    assert first.run()["status"] == "stopped"
+    again = Trainer(cfg(tmp_path / "b"), resume=True)
+    assert again.state.finished  # the STOP file is still there
+    (again.state.dir / "STOP").unlink()
+    cont = Trainer(cfg(tmp_path / "b"), resume=True)
+    assert not cont.state.finished
+    summary = cont.run()
+    assert (summary["status"], summary["stop_code"]) == (full["status"], None)
+    a, b = read_run(_only_run(tmp_path / "a")), read_run(_only_run(tmp_path / "b"))
+    assert _stable(b.steps) == _stable(a.steps)
+    assert [e["step"] for e in b.evals] == sorted({1} | {e["step"] for e in a.evals})
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

@@ -6,6 +6,10 @@ intervals (stats.py) -> invariance vs the reference and verdicts (invariance.py)
 batch in the departure sense, McCandlish fit and T(B) prediction (noise.py) ->
 verdicts and recommendation (selection.py). Only `analyze` touches files (through runs.load_runs).
 
+A target metric that is logged but has no numeric value in any run (every value null or
+not a number) is a DataError saying so and naming the first non-numeric value as
+`file:line`; only a metric no run logged at all is called absent.
+
 Default reference: the configuration whose `derived.sequences_per_step` equals its
 `optimizer.reference_sequences` (preferring lr_scaling sqrt, then the most seeds), else the
 one with the smallest B. No torch import.
@@ -16,10 +20,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from rlbatch.analysis import invariance, noise, selection, stats
 from rlbatch.analysis.crossing import Target, metric_curve, metric_source, per_run_records
 from rlbatch.analysis.runs import RunFrames, load_runs
-from rlbatch.core.errors import UserError
+from rlbatch.core.errors import DataError, UserError
 
 RUN_KEYS = ("run", "run_id", "seed", "samples_to_target", "time_to_target", "censored",
             "threshold", "too_easy", "first_evaluation_samples", "evaluations_before_target",
@@ -181,6 +188,7 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
                    n_boot: int = stats.DEFAULT_BOOT, seed: int = 0, smooth: int = 1) -> dict:
     """Pure: frames -> the analysis document (see docs/analysis.md for every key)."""
     _check_settings(margin, ci, n_boot)
+    check_metric_values(frames, target.metric)
     source = metric_source(frames, target.metric)
     records = per_run_records(frames, target, smooth)
     missing = [r["run"] for r in records if r["evaluations"] == 0]
@@ -217,6 +225,30 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         "problem": _problem(ref),
         "warnings": _warnings(frames, missing, entries),
     })
+
+
+def check_metric_values(frames: RunFrames, metric: str) -> None:
+    """A DataError when `metric` is logged (a column of the evals or steps) but no run has a
+    numeric value of it; the message counts what was dropped as non-numeric and names the
+    first. (A metric no run logged is left to `metric_source`, which calls it absent.)"""
+    logged = [n for n, df in (("evals", frames.evals), ("steps", frames.steps))
+              if metric in df.columns]
+    if not logged or any(frames_have_number(getattr(frames, n)[metric]) for n in logged):
+        return
+    places = frames.non_numeric.get(metric, [])
+    dropped = sum(count for _, _, count in places)
+    why = "every value is null or infinite"
+    if places:
+        place, value, _ = places[0]
+        why = (f"{dropped} value(s) are not numbers (dropped), the first at {place} "
+               f"({value!r}), and no other value is a finite number")
+    raise DataError(f"target metric '{metric}' is logged (in {' and '.join(logged)}) but "
+                    f"has no numeric value in any run: {why}")
+
+
+def frames_have_number(col: pd.Series) -> bool:
+    """Whether a cleaned frame column holds at least one finite number."""
+    return bool(np.isfinite(pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)).any())
 
 
 def _thresholds(records: list[dict]) -> list:

@@ -10,6 +10,10 @@ duplicated `step` rows keep the *last* one written (a resumed run re-logs steps)
 then sorted by `samples` (stable, ties by step); rows without a numeric `samples` are dropped
 with a warning. A cut last line is skipped by the reader and its warning kept. Metric values
 that are null (NaN/inf when logged) stay NaN here and are skipped by the metric's consumer.
+A metric value that is not a number (a string such as "0.5x" or even "0.5", true/false, an
+object, a list) is dropped too (NaN), since it would silently move N*: one warning per key
+and file names the first such row as `file:line` (the line found by re-reading the file,
+only then), the value and how many were dropped; `RunFrames.non_numeric` keeps the counts.
 
 No torch import (docs/design.md, Layers).
 """
@@ -39,6 +43,8 @@ class RunFrames:
     evals: one row per (run, evaluation), likewise.
     configs: config id -> the configuration (config.yaml without seed and output_dir).
     warnings: reader and cleaning warnings, one line each.
+    non_numeric: metric key -> [(first `file:line`, its value, how many dropped)], one item
+        per file where that key had values that are not numbers (dropped as NaN).
     """
 
     runs: pd.DataFrame
@@ -46,6 +52,7 @@ class RunFrames:
     evals: pd.DataFrame
     configs: dict = field(default_factory=dict)
     warnings: tuple = ()
+    non_numeric: dict = field(default_factory=dict)
     # per-run splits of `steps` and `evals`, filled on first use (the frames never change)
     _split: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -141,9 +148,55 @@ def run_row(run: Run) -> dict:
     }
 
 
-def clean_rows(rows: list[dict], where: str) -> tuple[pd.DataFrame, list[str]]:
+def is_metric_value(v) -> bool:
+    """A loggable metric value: a number (not a bool) or null/NaN."""
+    return v is None or (isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_)))
+
+
+def row_lines(path: str, n: int) -> list[str]:
+    """`path:line` of each of the first `n` rows of a JSONL file (blank lines are skipped as
+    the reader skips them); `path: row i` when the file cannot be read again."""
+    try:
+        raw = Path(path).read_bytes().split(b"\n")
+    except OSError:
+        return [f"{path}: row {i + 1}" for i in range(n)]
+    lines = [f"{path}:{i}" for i, b in enumerate(raw, start=1) if b.strip()]
+    return (lines + [f"{path}: row {i + 1}" for i in range(len(lines), n)])[:n]
+
+
+def drop_non_numeric(df: pd.DataFrame, where: str, skip: tuple = ()
+                     ) -> tuple[pd.DataFrame, dict]:
+    """Every column of `df` but `skip` with its non-numeric values set to NaN. Returns the
+    frame and {key: (first `file:line`, that value, count)}; `df`'s index must still be the
+    row's position in the file."""
+    found: dict = {}
+    lines: list[str] | None = None
+    for col in df.columns:
+        if col in skip or (df[col].dtype.kind in "iuf"):
+            continue
+        bad = ~df[col].map(is_metric_value).astype(bool)
+        if not bad.any():
+            continue
+        first = int(bad.idxmax())
+        if lines is None:
+            lines = row_lines(where, int(df.index.max()) + 1)
+        found[col] = (lines[first], df[col][first], int(bad.sum()))
+        df[col] = df[col].where(~bad, np.nan)
+    return df, found
+
+
+def non_numeric_warning(key: str, place: str, value, count: int) -> str:
+    """One line: where the first non-numeric value of `key` is, the value and the count."""
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return (f"{place}: '{key}' is {shown}, not a number; {count} such value(s) of '{key}' in "
+            "this file dropped (treated as not logged)")
+
+
+def clean_rows(rows: list[dict], where: str, found: dict | None = None
+               ) -> tuple[pd.DataFrame, list[str]]:
     """Rows of one JSONL file -> frame: last of duplicated steps kept, sorted by samples,
-    rows without numeric samples dropped (warned). `where` names the file in messages."""
+    rows without numeric samples dropped (warned), non-numeric metric values dropped (warned
+    once per key; added to `found` as in `RunFrames.non_numeric`). `where` names the file."""
     warnings: list[str] = []
     df = pd.DataFrame(rows)
     if df.empty:
@@ -162,6 +215,11 @@ def clean_rows(rows: list[dict], where: str) -> tuple[pd.DataFrame, list[str]]:
     if bad.any():
         warnings.append(f"{where}: {int(bad.sum())} row(s) without samples; skipped")
         df = df[~bad]
+    df, dropped = drop_non_numeric(df.copy(), where, skip=("step", "samples", "train_s"))
+    for key, (place, value, count) in dropped.items():
+        warnings.append(non_numeric_warning(key, place, value, count))
+        if found is not None:
+            found.setdefault(key, []).append((place, value, count))
     keys = ["samples", "step"] if "step" in df.columns else ["samples"]
     return df.sort_values(keys, kind="stable").reset_index(drop=True), warnings
 
@@ -170,14 +228,14 @@ def numeric_column(col: pd.Series, where: str) -> pd.Series:
     """A column as float64 with null -> NaN; a non-numeric value is a DataError."""
     try:
         out = pd.to_numeric(col.astype(object).where(col.notna(), np.nan), errors="raise")
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise DataError(f"non-numeric value ({exc})", where=where) from None
     return out.astype(np.float64)
 
 
 def frames_from_runs(runs: list[Run]) -> RunFrames:
     """Pure: already-read runs -> RunFrames (no file access)."""
-    rows, steps, evals, configs, warnings = [], [], [], {}, []
+    rows, steps, evals, configs, warnings, found = [], [], [], {}, [], {}
     for run in runs:
         row = run_row(run)
         rows.append(row)
@@ -185,7 +243,7 @@ def frames_from_runs(runs: list[Run]) -> RunFrames:
             configs[row["config"]] = configuration(run.config)
         warnings.extend(run.warnings)
         for name, src, out in (("steps.jsonl", run.steps, steps), ("evals.jsonl", run.evals, evals)):
-            df, w = clean_rows(src, str(run.dir / name))
+            df, w = clean_rows(src, str(run.dir / name), found)
             warnings.extend(w)
             if not df.empty:
                 out.append(df.assign(run=row["run"]))
@@ -193,7 +251,7 @@ def frames_from_runs(runs: list[Run]) -> RunFrames:
     runs_df = pd.DataFrame(rows, columns=list(RUN_COLUMNS), dtype=object)
     return RunFrames(
         runs=runs_df, steps=_concat(steps), evals=_concat(evals), configs=configs,
-        warnings=tuple(warnings),
+        warnings=tuple(warnings), non_numeric=found,
     )
 
 

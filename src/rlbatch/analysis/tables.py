@@ -38,6 +38,13 @@ def _concurrency(configs: dict | None, config: str) -> int | None:
 def decision_data(doc: dict, profile: dict | None = None, configs: dict | None = None) -> dict:
     """The recommended P, G, LR and C with its measured (and predicted) saving against the
     reference; `recommended: false` with the reason when there is none."""
+    probe = (profile or {}).get("decision") if (profile or {}).get("strategy") == "probe" \
+        else None
+    out = _decision_data(doc, profile, configs)
+    return {**out, "probe": probe} if probe else out
+
+
+def _decision_data(doc: dict, profile: dict | None, configs: dict | None) -> dict:
     rec = doc.get("recommendation")
     if rec is None:
         reason = (profile or {}).get("problem") or doc.get("problem") or \
@@ -46,7 +53,8 @@ def decision_data(doc: dict, profile: dict | None = None, configs: dict | None =
     entries = {e["config"]: e for e in doc["configs"]}
     e, ref = entries[rec["config"]], entries[doc["reference"]["config"]]
     labels = config_labels(doc["configs"])
-    dec = (profile or {}).get("decision") or {}
+    dec = ((profile or {}).get("decision") or {}) if (profile or {}).get("strategy") != "probe" \
+        else {}
     ratio = _ratio(rec["time_to_target"], ref["time_to_target"])
     saving = None if rec["is_reference"] or ratio is None else 1.0 - ratio
     pred = _ratio(e.get("predicted_time_to_target"), ref.get("predicted_time_to_target"))

@@ -6,6 +6,8 @@ naming the first bad `file:line` and how many more there are (a `DataError`). So
 function that raises, times out, or returns a non-finite or non-numeric value on a reference
 answer (it is called through the reward runner, as in training); a function that cannot be
 imported or does not take (prompt, completion, example) is one line naming `task.reward`.
+With `--model DIR` (a local checkpoint), a prompt that does not fit the model's context with
+`--max-new-tokens` is one line naming its `file:line`, as `rlbatch train` would reject it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import typer
 
 from rlbatch.cli.common import print_json
 from rlbatch.core.errors import ConfigError
+from rlbatch.core.sections import RolloutConfig
 from rlbatch.rollout.datasets import check_dataset
 
 FORMATS = ("auto", "jsonl", "parquet", "verl")
@@ -36,6 +39,10 @@ def check(
         "exact", help="exact | numeric | gsm8k | boxed | module:function (imported from the "
         "Python path: the working directory under python -m, PYTHONPATH)"),
     tolerance: float = typer.Option(1e-6, help="relative tolerance of numeric comparisons"),
+    model: str | None = typer.Option(
+        None, help="local checkpoint folder: check that every prompt fits its context"),
+    max_new_tokens: int = typer.Option(
+        RolloutConfig().max_new_tokens, help="rollout.max_new_tokens, with --model"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Validate a dataset file; exit 2 with one line naming the first malformed row."""
@@ -43,7 +50,10 @@ def check(
         raise ConfigError(f"--format: unknown format '{fmt}'; use {', '.join(FORMATS)}")
     if tolerance < 0:
         raise ConfigError("--tolerance must be >= 0")
-    info = check_dataset(path, fmt, prompt_column, answer_column, reward, tolerance)
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    info = check_dataset(path, fmt, prompt_column, answer_column, reward, tolerance,
+                         model=model, max_new_tokens=max_new_tokens)
     if as_json:
         print_json(info)
         return

@@ -1,8 +1,11 @@
 """`rlbatch` command line: parse -> config -> call a library function -> print.
 
 Each command module registers itself on `app`. Library errors of type `UserError` (bad config,
-dataset, model path or log file) print one line to stderr and exit with status 2; with
-`--json` the last stdout line of a command is one JSON document.
+dataset, model path or log file; output that cannot be written) print one line to stderr and
+exit with status 2; with `--json` the last stdout line of a command is one JSON document. An
+OSError that escaped a command but means its output cannot be written (a full disk, a
+read-only folder, a file where a folder must be) is printed the same way, as an `OutputError`
+naming its file; any other exception keeps its traceback.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import sys
 
 import typer
 
-from rlbatch.core.errors import EXIT_USAGE, Terminated, UserError
+from rlbatch.core.errors import EXIT_USAGE, Terminated, UserError, output_error
 
 app = typer.Typer(
     name="rlbatch",
@@ -47,6 +50,11 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, prog_name="rlbatch")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except OSError as exc:
+        if (err := output_error(exc, output=False)) is None:
+            raise
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

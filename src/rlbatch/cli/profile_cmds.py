@@ -51,6 +51,9 @@ def profile(
     executor: str = typer.Option("local", help="local | ray"),
     address: str | None = typer.Option(None, help="Ray cluster address (e.g. auto)"),
     workers: int | None = typer.Option(None, help="trials at once (default 1 on 2 cores)"),
+    strategy: str | None = typer.Option(
+        None, help="full (every candidate towards the target) | probe (short probes, "
+        "predicted time to target, only the predicted winner run to the target)"),
     out: str | None = typer.Option(None, "--out", help="profile directory"),
     as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
 ) -> None:
@@ -58,6 +61,7 @@ def profile(
     alignment checks with early stopping, a decode-concurrency sweep, the full loop to the
     target, selection of the fastest aligned configuration. Re-run to resume after a kill."""
     from rlbatch.profile.executors import make_executor
+    from rlbatch.profile.probing import run_probe_profile
     from rlbatch.profile.procedure import run_profile
 
     overrides = list(set_ or [])
@@ -71,6 +75,8 @@ def profile(
         overrides.append(f"profile.workers={workers}")
     if backend is not None:
         overrides.append(f"backend={backend}")
+    if strategy is not None:
+        overrides.append(f"profile.strategy={strategy}")
     if budget_train_s is not None:
         overrides.append(f"budget.max_train_s={budget_train_s}")
     if config is None and preset is None:
@@ -78,9 +84,14 @@ def profile(
     cfg = resolve(config, preset, overrides)
     out_dir = out or f"profiles/{cfg.name}"
     ex = make_executor(executor, cfg.profile.workers, address)
-    with Live(_table([], cfg.target.metric), console=err, refresh_per_second=2) as live:
-        doc = run_profile(cfg, out_dir, ex,
-                          progress=lambda rows: live.update(_table(rows, cfg.target.metric)))
+    run = run_probe_profile if cfg.profile.strategy == "probe" else run_profile
+    try:
+        with Live(_table([], cfg.target.metric), console=err, refresh_per_second=2) as live:
+            doc = run(cfg, out_dir, ex,
+                      progress=lambda rows: live.update(_table(rows, cfg.target.metric)))
+    except BaseException:
+        err.print()  # the error line goes below the live table, not glued to its last line
+        raise
     _print_decision(doc, out_dir, as_json)
 
 
@@ -90,14 +101,30 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
         print_json({"profile_dir": out_dir, "decision": d, "cost": cost, "problem": doc["problem"]})
         return
     print(f"profile: {out_dir}/profile.json")
-    if doc["analysis"] is None:
+    if doc.get("strategy") == "probe" and d is not None:
+        print(probe_decision_line(d))
+    elif doc["analysis"] is None:
         print(f"decision: none ({doc['problem']})")
     else:
         for line in decision_lines(doc["analysis"], doc["decode"]["chosen"]):
             print(line)
     m = cost.get("multiple_of_baseline_time_to_target")
+    grid = cost.get("fraction_of_grid")
     print(f"profiling cost: {cost['total_s']:.1f} training seconds"
-          + (f" = {m:.2f}x one baseline run's time to target" if m else ""))
+          + (f" = {m:.2f}x one baseline run's time to target" if m else "")
+          + (f" ({grid:.0%} of the exhaustive grid's estimate)" if grid else ""))
+
+
+def probe_decision_line(d: dict) -> str:
+    """One line: what the probe strategy chose and what it rests on."""
+    what = (f"keep the baseline B={d['sequences_per_step']} lr {d['lr']:.3g}"
+            if d["is_reference"] else
+            f"use B={d['sequences_per_step']} lr {d['lr']:.3g}")
+    ratio = d.get("predicted_time_ratio")
+    ci = d.get("predicted_time_ratio_ci") or [None, None]
+    pred = (f"; predicted T/T_base {ratio:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+            if ratio is not None and None not in ci else "")
+    return f"decision: {what} ({d['outcome']}, evidence: {d['evidence']}{pred})"
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,9 @@ a preset (`grpo-tiny`) or a YAML file relative to the extending file; the child 
 over it. A `derived:` section (as written to a run's config.yaml) is ignored on load: it is
 recomputed. A key given twice in one mapping is an error at its second occurrence (YAML
 parsers keep the last silently); types, bounds and finiteness are checked by `core/config.py`.
+An error caused by a `--set` names the `--set`: what an override replaces or creates takes its
+origin (a key under a value, `batch.prompts_per_step.x=3`, is refused at the override). A
+config path that is a directory says so rather than "not found".
 """
 
 from __future__ import annotations
@@ -48,12 +51,17 @@ def _parse_yaml(text: str, source: str) -> tuple[dict, Origins]:
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"YAML syntax error: {problem}", where=f"{source}{line}") from None
+    except RecursionError:
+        raise ConfigError("YAML nested too deep", where=source) from None
     if data is None:
         return {}, {}
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of keys to values", where=f"{source}:1")
     origins: Origins = {}
-    _walk(node, (), source, origins)
+    try:
+        _walk(node, (), source, origins)
+    except RecursionError:
+        raise ConfigError("YAML nested too deep", where=source) from None
     return data, origins
 
 
@@ -94,22 +102,47 @@ def _load_layer(text: str, source: str, base_dir: Path | None, depth: int = 0) -
     if not isinstance(parent, str):
         raise ConfigError("`extends` must be a preset name or a file path", where=origins[("extends",)])
     candidate = (base_dir / parent) if base_dir is not None else None
-    if candidate is not None and (parent.endswith((".yaml", ".yml")) or candidate.is_file()):
-        if not candidate.is_file():
-            raise ConfigError(f"extended file not found: {parent}", where=origins[("extends",)])
-        pdata, porig = _load_layer(candidate.read_text(), str(candidate), candidate.parent, depth + 1)
+    if candidate is not None and (parent.endswith((".yaml", ".yml")) or candidate.exists()):
+        text = _read_config_file(candidate, f"extended file {parent}", origins[("extends",)])
+        pdata, porig = _load_layer(text, str(candidate), candidate.parent, depth + 1)
     else:
-        pdata, porig = _load_layer(_preset_text(parent), f"preset:{parent}", None, depth + 1)
+        try:
+            text = _preset_text(parent)
+        except ConfigError as exc:  # an unknown preset: the `extends:` line that names it
+            raise ConfigError(str(exc), where=origins[("extends",)]) from None
+        pdata, porig = _load_layer(text, f"preset:{parent}", None, depth + 1)
     return _merge(pdata, data), {**porig, **origins}
 
 
+def _read_config_file(path: Path, what: str, where: str | None = None) -> str:
+    """The text of a YAML config file; a missing path, a directory or an unreadable file is
+    one line saying which (a directory is not reported as missing)."""
+    if path.is_dir():
+        raise ConfigError(f"{what} is a directory, not a YAML file", where=where)
+    if not path.exists():
+        raise ConfigError(f"{what} not found", where=where)
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what}: {exc.__class__.__name__}", where=where) from None
+
+
+_NOT_SETTABLE = {"extends": "`extends` names a preset or file inside a config file; give the "
+                 "file (or --preset) instead",
+                 "derived": "`derived` values are computed from the config, not set"}
+
+
 def parse_override(item: str) -> tuple[tuple, Any]:
+    """`a.b=c` -> (('a', 'b'), value parsed as YAML); errors name the `--set` item."""
     if "=" not in item:
         raise ConfigError(f"--set expects key=value, got '{item}'")
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"--set has an empty key in '{item}'")
+    top = key.split(".")[0]
+    if top in _NOT_SETTABLE:
+        raise ConfigError(_NOT_SETTABLE[top], where=f"--set {key}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
@@ -117,15 +150,28 @@ def parse_override(item: str) -> tuple[tuple, Any]:
     return tuple(key.split(".")), value
 
 
-def _apply_override(data: dict, path: tuple, value: Any) -> dict:
+def _apply_override(data: dict, path: tuple, value: Any, origins: Origins) -> dict:
+    """`data` with `path` set to `value`. Sections on the way are created when absent; a key
+    on the way that holds a value (`batch.prompts_per_step.x=3`) is an error naming the
+    `--set`, not the line that set the value. `origins` is updated in place: what the
+    override replaced no longer points at its old lines, and what it created points at it."""
+    where = f"--set {'.'.join(path)}"
     out = dict(data)
     cursor = out
-    for part in path[:-1]:
+    for n, part in enumerate(path[:-1], start=1):
         child = cursor.get(part)
+        if child is not None and not isinstance(child, dict):
+            name, was = ".".join(path[:n]), origins.get(path[:n])
+            raise ConfigError(f"{name} is {child!r}{f' ({was})' if was else ''}, not a section; "
+                              f"it has no key '{path[n]}'", where=where)
         child = dict(child) if isinstance(child, dict) else {}
         cursor[part] = child
         cursor = child
     cursor[path[-1]] = value
+    for key in [k for k in origins if k[:len(path)] == path]:
+        del origins[key]
+    for n in range(1, len(path) + 1):
+        origins.setdefault(path[:n], where)
     return out
 
 
@@ -140,12 +186,7 @@ def load_config(
         raise ConfigError("give a config file or --preset, not both")
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            text = p.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read config file: {exc.__class__.__name__}", where=str(path))
+        text = _read_config_file(p, "config file", str(path))
         data, origins = _load_layer(text, str(path), p.parent)
     elif preset is not None:
         data, origins = _load_layer(_preset_text(preset), f"preset:{preset}", None)
@@ -153,8 +194,7 @@ def load_config(
         data, origins = {}, {}
     for item in overrides:
         key, value = parse_override(item)
-        data = _apply_override(data, key, value)
-        origins[key] = f"--set {'.'.join(key)}"
+        data = _apply_override(data, key, value, origins)
     return validate_config(data, origins)
 
 
@@ -187,7 +227,9 @@ def _describe(exc: ValidationError, origins: Origins) -> str:
     else:
         got = first.get("input")
         shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-        message = f"{field}: {first['msg']}{shown}"
+        # `--set a.b: a.b: ...` would name the field twice
+        named = "" if where == f"--set {field}" else f"{field}: "
+        message = f"{named}{first['msg']}{shown}"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     text = f"{where}: {message}{more}" if where else f"{message}{more}"
     return " ".join(text.split())

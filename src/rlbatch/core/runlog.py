@@ -6,11 +6,17 @@ A run is a directory `<root>/<run_id>/` holding `config.yaml`, `manifest.json`,
 appended and flushed as they happen, so a killed run loses at most the row in flight. The
 reader tolerates a last line cut mid-write and reports it in `Run.warnings`.
 
+Output that cannot be written (full disk, quota, read-only folder, a file where a folder must
+be) raises `OutputError` naming the file and leaves nothing half-written: a failed atomic write
+removes its temporary file (the old file stays), a failed append cuts the file back to its last
+complete row. A log file that cannot be read (e.g. a folder) is a `DataError` naming it.
+
 This module imports no torch: analysis and ingest use it too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -25,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from rlbatch.core.errors import DataError
+from rlbatch.core.errors import DataError, writing
 
 STEP_REQUIRED = (
     "step", "samples", "prompts", "tokens", "train_s",
@@ -65,14 +71,34 @@ def dumps_strict(obj: Any, **kwargs) -> str:
     return json.dumps(_clean(obj), allow_nan=False, default=_json_default, **kwargs)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]  # a short write is followed by the rest or an error
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path` (`.<name>.tmp<pid>`), fsync it, rename it
+    over `path`. On any error the temporary file is removed and `path` keeps its old content."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with writing(path):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+    except Exception:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -147,15 +173,64 @@ def build_manifest(run_id: str, backend: str, seed: int, extra: dict | None = No
     return manifest
 
 
+def make_dir(path: str | Path) -> Path:
+    """`mkdir -p path`; a file in the way, a read-only parent, a full disk: `OutputError`."""
+    path = Path(path)
+    with writing(path):
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class JsonlAppender:
+    """One JSONL file open for appending. Each `append` writes whole rows with one unbuffered
+    write and fsyncs them; when the write fails (e.g. the disk fills part-way through a row)
+    the file is cut back to its length before, so it never ends in a partial row."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        with writing(self.path):
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                           0o644)
+
+    def append(self, *rows: dict) -> None:
+        data = "".join(dumps_strict(r) + "\n" for r in rows).encode()  # may raise: no I/O yet
+        with writing(self.path):
+            size = os.fstat(self._fd).st_size
+            try:
+                _write_all(self._fd, data)
+                os.fsync(self._fd)
+            except OSError:  # if even the cut fails, readers skip a cut last line
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, size)  # shrinking needs no space
+                raise
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def append_jsonl(path: str | Path, *rows: dict) -> None:
+    """Append rows to a JSONL file (opened and closed here), all or nothing."""
+    fh = JsonlAppender(path)
+    try:
+        fh.append(*rows)
+    finally:
+        fh.close()
+
+
 class RunWriter:
     """Appends rows to a run directory. Reopening an existing run appends (resume)."""
 
     def __init__(self, run_dir: str | Path):
-        self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = make_dir(run_dir)
         # held open for the run's lifetime and closed by close() / __exit__
-        self._steps = open(self.dir / "steps.jsonl", "a")  # noqa: SIM115
-        self._evals = open(self.dir / "evals.jsonl", "a")  # noqa: SIM115
+        self._steps = JsonlAppender(self.dir / "steps.jsonl")
+        try:
+            self._evals = JsonlAppender(self.dir / "evals.jsonl")
+        except BaseException:
+            self._steps.close()
+            raise
 
     def write_config(self, resolved: dict) -> None:
         atomic_write_text(self.dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
@@ -172,19 +247,13 @@ class RunWriter:
         missing = [k for k in STEP_REQUIRED if k not in row]
         if missing:
             raise ValueError(f"step row lacks required keys {missing}")
-        self._append(self._steps, row)
+        self._steps.append(row)
 
     def log_eval(self, row: dict) -> None:
         missing = [k for k in EVAL_REQUIRED if k not in row]
         if missing:
             raise ValueError(f"eval row lacks required keys {missing}")
-        self._append(self._evals, row)
-
-    @staticmethod
-    def _append(fh, row: dict) -> None:
-        fh.write(dumps_strict(row) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+        self._evals.append(row)
 
     def close(self) -> None:
         self._steps.close()
@@ -198,30 +267,47 @@ class RunWriter:
 
 
 def truncate_jsonl_after_step(path: Path, last_step: int) -> None:
-    """Drop rows with step > last_step and any cut last line (used when resuming)."""
+    """Drop rows with step > last_step and any cut last line (used when resuming). When the
+    rows kept are the file's first lines (always, for files this package appends), the file
+    is cut in place, which needs no free space; otherwise it is rewritten atomically."""
     path = Path(path)
     if not path.exists():
         return
     rows, _ = read_jsonl(path)
-    keep = [r for r in rows if int(r.get("step", 0)) <= last_step]
-    atomic_write_text(path, "".join(dumps_strict(r) + "\n" for r in keep))
+    keep = [int(r.get("step", 0)) <= last_step for r in rows]
+    data, end, n = _read_bytes(path), 0, sum(keep)
+    for raw in data.split(b"\n"):  # the byte offset after the n-th non-blank line
+        if not n:
+            break
+        end += len(raw) + 1
+        n -= bool(raw.strip())
+    if all(keep[:sum(keep)]) and end <= len(data):  # the rows kept are the file's first lines
+        with writing(path):
+            os.truncate(path, end)  # in place: needs no free space
+        return
+    atomic_write_text(path, "".join(dumps_strict(r) + "\n" for r, k in zip(rows, keep) if k))
+
+
+def _read_bytes(path: Path) -> bytes:
+    """A log file's bytes; a folder in its place or an unreadable file: DataError naming it."""
+    if path.is_dir():
+        raise DataError("is a folder, not a file", where=str(path))
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot be read ({exc.strerror or exc})", where=str(path)) from None
 
 
 def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
     """Rows of a JSONL file and warnings. A cut *last* line is reported, not fatal; a bad
     line elsewhere is a DataError naming the file and line."""
     path = Path(path)
-    rows: list[dict] = []
-    warnings: list[str] = []
+    rows, warnings = [], []
     if not path.exists():
         return rows, warnings
-    with open(path, "rb") as fh:
-        lines = fh.read().split(b"\n")
-    if lines and lines[-1] == b"":
+    lines = _read_bytes(path).split(b"\n")
+    if complete_tail := lines[-1] == b"":
         lines.pop()
-        complete_tail = True
-    else:
-        complete_tail = False
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -229,7 +315,7 @@ def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
             obj = json.loads(raw)
             if not isinstance(obj, dict):
                 raise TypeError("a row must be a JSON object")
-        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
             if i == len(lines) and not complete_tail:
                 warnings.append(f"{path}:{i}: last line is truncated (killed mid-write); ignored")
                 break
@@ -254,15 +340,16 @@ class Run:
 
     @property
     def seed(self) -> int | None:
-        return self.manifest.get("seed", self.config.get("seed"))
+        seed = self.manifest.get("seed", self.config.get("seed"))
+        return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
 def _read_json(path: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        obj = json.loads(path.read_text())
-    except ValueError as exc:
+        obj = json.loads(_read_bytes(path))
+    except (ValueError, RecursionError) as exc:
         raise DataError(f"invalid JSON ({exc})", where=str(path)) from None
     if not isinstance(obj, dict):
         raise DataError("expected a JSON object", where=str(path))
@@ -283,17 +370,17 @@ def read_run(run_dir: str | Path) -> Run:
     cfg_path = d / "config.yaml"
     if cfg_path.exists():
         try:
-            config = yaml.safe_load(cfg_path.read_text()) or {}
+            config = yaml.safe_load(_read_bytes(cfg_path).decode("utf-8", "replace")) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = f":{mark.line + 1}" if mark else ""
             raise DataError("invalid YAML", where=f"{cfg_path}{line}") from None
+        if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+            raise DataError("expected a mapping with text keys", where=str(cfg_path))
     steps, w1 = read_jsonl(d / "steps.jsonl")
     evals, w2 = read_jsonl(d / "evals.jsonl")
-    return Run(
-        dir=d, config=config, manifest=_read_json(d / "manifest.json"), steps=steps,
-        evals=evals, summary=_read_json(d / "summary.json"), warnings=w1 + w2,
-    )
+    return Run(dir=d, config=config, manifest=_read_json(d / "manifest.json"), steps=steps,
+               evals=evals, summary=_read_json(d / "summary.json"), warnings=w1 + w2)
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:

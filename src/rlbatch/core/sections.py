@@ -228,16 +228,17 @@ class RewardConfig(_Strict):
     A `module:function` reward runs in a pool of worker processes, each call with a timeout;
     built-in rewards (exact, numeric, gsm8k, boxed) and functions declared cheap (an attribute
     `cheap = True` on the function) run in the training process. A call that raises, times
-    out (pool only) or returns a non-finite or non-numeric value is a fault: counted per step
+    out or returns a non-finite or non-numeric value is a fault: counted per step
     (`reward/errors`, `reward/timeouts`, `reward/nonfinite`), its first distinct messages
     logged, and the sample handled by `on_error`."""
 
     workers: int = Field(
         2, ge=0, le=256, description="worker processes for a module:function reward; 0 = call "
-        "it in the training process (no timeout then)")
+        "it in the training process (timed out there by SIGALRM, on POSIX in the main thread)")
     timeout_s: float = Field(
-        30.0, gt=0, le=86400, description="seconds one call may take in a worker; past it the "
-        "worker is killed and replaced and the sample counts in reward/timeouts")
+        30.0, gt=0, le=86400, description="seconds one call may take; past it a worker is killed "
+        "and replaced, or an in-process call is interrupted (POSIX, main thread), and the "
+        "sample counts in reward/timeouts")
     on_error: Literal["value", "drop"] = Field(
         "value", description="a faulted sample gets `error_value` (value), or is dropped from "
         "its group: left out of the group's mean and std, advantage 0, tokens out of the loss "
@@ -272,6 +273,13 @@ class ProfileConfig(_Strict):
     margin: float = Field(math.log(1.15), gt=0,
                           description="equivalence margin on log N* ratio (log 1.15)")
     workers: int = Field(1, gt=0, le=1024)
+    strategy: Literal["full", "probe"] = Field(
+        "full", description="full: every candidate towards the target (early stops); probe: "
+        "short probes, predicted time to target, only the predicted winner run to the target")
+    probe_fraction: float = Field(0.25, gt=0, le=1, description="probe: first probe length, "
+                                  "as a fraction of the baseline's N*")
+    probe_max_fraction: float = Field(0.6, gt=0, le=1, description="probe: longest probe "
+                                      "(probes double while undecided), fraction of N*")
 
     @model_validator(mode="after")
     def _positive(self) -> ProfileConfig:

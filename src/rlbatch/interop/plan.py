@@ -25,6 +25,7 @@ critic may need its own batch size (docs/design.md), which `plan` does not choos
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from rlbatch.core.config import LR_EXPONENTS, scaled_lr
@@ -76,6 +77,15 @@ def merge_base(framework: str, file_config: FrameworkConfig | None, prompts: int
     """The base: the framework config file's values, overridden by flags given explicitly."""
     if framework not in FRAMEWORKS:
         raise ConfigError(f"--framework: unknown '{framework}'; use {', '.join(FRAMEWORKS)}")
+    # flags are checked before they replace the file's values (the file's own values were
+    # checked when it was read, and a bad flag must not be blamed on the file)
+    for flag, v in (("--base-prompts", prompts), ("--samples-per-prompt", samples_per_prompt)):
+        if v is not None and v <= 0:
+            raise ConfigError(f"{flag} must be positive, got {v}")
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"--base-lr must be a finite number > 0, got {lr}")
+    if mini_batch_prompts is not None and mini_batch_prompts <= 0:
+        raise ConfigError(f"--mini-batch-prompts must be positive, got {mini_batch_prompts}")
     base = file_config or FrameworkConfig(framework=framework)
     changes = {k: v for k, v in (("prompts_per_step", prompts),
                                  ("samples_per_prompt", samples_per_prompt), ("lr", lr),
@@ -86,12 +96,6 @@ def merge_base(framework: str, file_config: FrameworkConfig | None, prompts: int
                                     ("--base-lr", base.lr)) if v is None]
     if missing:
         raise ConfigError(f"the base needs {', '.join(missing)} (or --base FILE)")
-    for flag, v in (("--base-prompts", base.prompts_per_step),
-                    ("--samples-per-prompt", base.samples_per_prompt)):
-        if v <= 0:
-            raise ConfigError(f"{flag} must be positive, got {v}")
-    if base.lr <= 0:
-        raise ConfigError(f"--base-lr must be positive, got {base.lr}")
     if base.mini_batch_prompts is not None and base.mini_batch_prompts > base.prompts_per_step:
         base = replace(base, mini_batch_prompts=base.prompts_per_step)
     if mini_batch_prompts is not None:

@@ -48,9 +48,9 @@ from rlbatch.core.config import Config
 from rlbatch.core.errors import UserError
 from rlbatch.core.runlog import (
     _read_json,
+    append_jsonl,
     atomic_write_json,
     atomic_write_text,
-    dumps_strict,
     read_jsonl,
 )
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
@@ -65,9 +65,7 @@ class Journal:
 
     def log(self, event: str, **fields) -> None:
         row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": event, **fields}
-        with open(self.path, "a") as fh:
-            fh.write(dumps_strict(row) + "\n")
-            fh.flush()
+        append_jsonl(self.path, row)
 
     def events(self) -> list[dict]:
         return read_jsonl(self.path)[0]
@@ -89,6 +87,14 @@ def _status(trial: Trial) -> dict:
             "failure": summary.get("failure"), "run_dir": str(d)}
 
 
+def _finished(trial: Trial) -> bool:
+    """Ended for good. A `stopped` trial whose STOP file was removed is not: its process
+    continues it (a probe being extended, profile/probing.py)."""
+    status = _status(trial)["status"]
+    return status in FINISHED and not (status == "stopped"
+                                       and not (trial.run_dir() / "STOP").exists())
+
+
 class Driver:
     """Runs a list of trials on an executor, watching them for progress and early stops."""
 
@@ -105,7 +111,7 @@ class Driver:
                 self.all.append(t)
         pending = []
         for t in trials:  # a failed trial is not finished: its process resumes it
-            if _status(t)["status"] in FINISHED:
+            if _finished(t):
                 self.journal.log("skipped_finished", trial=t.name, run_dir=str(t.run_dir()))
             else:
                 pending.append(t)
@@ -184,8 +190,10 @@ def _sweep(cfg: Config, key: dict, wanted: list[int]) -> dict:
     from rlbatch.rollout.datasets import build_task
     from rlbatch.rollout.decode_bench import BenchSpec, run_decode_bench
     from rlbatch.rollout.models import load_model_and_tokenizer, resolve_model_path
+    from rlbatch.rollout.prompt_lengths import check_prompt_lengths
 
     path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits)
+    check_prompt_lengths(build_task(cfg.task), path, cfg.rollout.max_new_tokens)
     _, tok = load_model_and_tokenizer(path)
     from rlbatch.rollout.models import encode_prompt
     prompt_tokens = len(encode_prompt(tok, build_task(cfg.task).eval_set(1)[0]))

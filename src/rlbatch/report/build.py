@@ -12,19 +12,13 @@ from pathlib import Path
 
 from rlbatch.analysis.figures import report_data
 from rlbatch.core.errors import UserError
-from rlbatch.core.runlog import atomic_write_text
+from rlbatch.core.runlog import atomic_write_bytes, atomic_write_text
 from rlbatch.report import plots
 from rlbatch.report.html import render_html
 from rlbatch.report.inputs import load_inputs
 from rlbatch.report.markdown import render_markdown
 
 FORMATS = ("html", "md")
-
-
-def _write_bytes(path: Path, blob: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(blob)
-    tmp.replace(path)
 
 
 def build_report(paths: list[str], output: str | Path, fmt: str = "html",
@@ -45,7 +39,7 @@ def build_report(paths: list[str], output: str | Path, fmt: str = "html",
     else:
         names = {k: f"{out.stem}-{k}.png" for k in images}
         for k, blob in images.items():
-            _write_bytes(out.parent / names[k], blob)
+            atomic_write_bytes(out.parent / names[k], blob)
             files.append(str(out.parent / names[k]))
         page = render_markdown(data, names)
     atomic_write_text(out, page)

@@ -9,13 +9,17 @@ Rules:
   --target, else the profile's target, else the runs' single config target;
 - run paths recorded in profile.json that no longer exist are looked up under the profile's
   runs/ folder (a moved profile directory still reports), and the frames are loaded from
-  the paths that exist; missing runs only omit the figures that need their logs.
+  the paths that exist; missing runs only omit the figures that need their logs;
+- profile.json is checked against the shape `rlbatch profile` writes (`PROFILE`: the type of
+  every key the report reads, which keys must be present) before anything reads it, so a
+  hand-edited or foreign file (a `decision` that is a string, a list at the top level, a
+  sweep row without `concurrency`) is one line naming the file and the key.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlbatch.analysis.analyze import analyze_frames, config_target
@@ -32,13 +36,112 @@ class ReportInputs:
     profile: dict | None      # profile.json, when a profile directory was given
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What one JSON value must be: its allowed types; for an object, the shapes of its keys
+    (and which are required); for a list, the shape of every item."""
+
+    types: tuple
+    required: bool = False
+    keys: dict = field(default_factory=dict)
+    items: Shape | None = None
+
+
+_NUM, _NULL = (int, float), (type(None),)
+_OPT_NUM, _OPT_INT, _OPT_STR = Shape(_NUM + _NULL), Shape((int,) + _NULL), Shape((str,) + _NULL)
+# present in every document `rlbatch analyze` writes (the report indexes them), maybe null
+_NUM_KEY, _INT_KEY, _STR_KEY = (Shape(_NUM + _NULL, True), Shape((int,) + _NULL, True),
+                                Shape((str,) + _NULL, True))
+_REQ_STR, _REQ_BOOL = Shape((str,), True), Shape((bool,), True)
+_INTERVAL = Shape((list,) + _NULL, True, items=Shape(_NUM + _NULL))
+_RUN = Shape((dict,), True, {"run": _REQ_STR, "run_id": _REQ_STR, "seed": _INT_KEY,
+                             "samples_to_target": _NUM_KEY, "time_to_target": _NUM_KEY,
+                             "censored": _REQ_BOOL, "last_samples": _NUM_KEY,
+                             "throughput": _NUM_KEY})
+_CONFIG = Shape((dict,), True, {
+    "config": _REQ_STR, "sequences_per_step": _INT_KEY, "prompts_per_step": _INT_KEY,
+    "samples_per_prompt": _INT_KEY, "lr": _NUM_KEY, "lr_scaling": _STR_KEY,
+    "algorithm": _STR_KEY, "verdict": _STR_KEY, "time_to_target": _NUM_KEY,
+    "time_to_target_ci": _INTERVAL, "runs": Shape((list,), True, items=_RUN)})
+_TARGET = {"metric": _REQ_STR, "value": _OPT_NUM, "gain": _OPT_NUM}
+ANALYSIS = Shape((dict,) + _NULL, keys={
+    "target": Shape((dict,), True, _TARGET),
+    "reference": Shape((dict,), True, {"config": _STR_KEY}),
+    "settings": Shape((dict,), True, {"ci": Shape(_NUM, True)}),
+    "configs": Shape((list,), True, items=_CONFIG),
+    "recommendation": Shape((dict,) + _NULL, keys={
+        "config": _REQ_STR, "is_reference": _REQ_BOOL, "time_to_target": _NUM_KEY,
+        "time_to_target_ci": _INTERVAL, "p_faster_than_reference": _NUM_KEY,
+        "speedup_vs_reference": _NUM_KEY})})
+_SWEEP_ROW = Shape((dict,), True, {"concurrency": Shape(_NUM, True),
+                                   "tokens_per_s": Shape(_NUM, True),
+                                   "achieved_flops": _OPT_NUM, "roofline_bound_flops": _OPT_NUM})
+PROFILE = Shape((dict,), True, {
+    "config": _OPT_STR, "problem": _OPT_STR,
+    "target": Shape((dict,) + _NULL, keys=_TARGET),
+    "decision": Shape((dict,) + _NULL, keys={
+        "config": _OPT_STR, "prompts_per_step": _OPT_INT, "samples_per_prompt": _OPT_INT,
+        "sequences_per_step": _OPT_INT, "lr": _OPT_NUM, "generation_concurrency": _OPT_INT}),
+    "decode": Shape((dict,) + _NULL, keys={
+        "chosen": _OPT_INT,
+        "sweep": Shape((dict,) + _NULL, keys={"rows": Shape((list,) + _NULL, items=_SWEEP_ROW),
+                                             "max_concurrency_in_budget": _OPT_NUM,
+                                             "plateau_concurrency": _OPT_NUM})}),
+    "trials": Shape((list,) + _NULL, items=Shape((dict,), True, {"run_dir": _REQ_STR})),
+    "cost": Shape((dict,) + _NULL, keys={k: _OPT_NUM for k in (
+        "total_s", "trial_train_s", "decode_sweep_s", "multiple_of_baseline_time_to_target")}),
+    "analysis": ANALYSIS})
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer",
+               float: "a number", bool: "true or false", type(None): "null"}
+
+
+def _kind(value) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def check_shape(value, shape: Shape, key: str, where: str) -> None:
+    """A DataError naming `where` and the dotted key of the first value that breaks `shape`
+    (a bool is not a number here, an int is accepted where a float is)."""
+    ok = isinstance(value, shape.types) and not (isinstance(value, bool)
+                                                 and bool not in shape.types)
+    if not ok:
+        names = [_TYPE_NAMES[t] for t in shape.types if not (t is int and float in shape.types)]
+        allowed = " or ".join(names)
+        raise DataError(f"'{key}' must be {allowed}, not {_kind(value)}", where=where)
+    if isinstance(value, dict):
+        for name, sub in shape.keys.items():
+            if name in value:
+                check_shape(value[name], sub, f"{key}.{name}" if key else name, where)
+            elif sub.required:
+                raise DataError(f"'{key}.{name}' is missing" if key else f"'{name}' is missing",
+                                where=where)
+    if isinstance(value, list) and shape.items is not None:
+        for i, item in enumerate(value):
+            check_shape(item, shape.items, f"{key}[{i}]", where)
+
+
 def read_profile(path: Path) -> dict:
+    """profile.json of a profile directory, checked against `PROFILE`."""
+    where = str(path / "profile.json")
     try:
-        doc = json.loads((path / "profile.json").read_text())
-    except ValueError as exc:
-        raise DataError(f"invalid JSON ({exc})", where=str(path / "profile.json")) from None
+        doc = json.loads((path / "profile.json").read_bytes())
+    except ValueError as exc:  # UnicodeDecodeError included
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"invalid JSON ({first})", where=where) from None
+    except OSError as exc:
+        raise DataError(f"cannot read ({exc.strerror or type(exc).__name__})",
+                        where=where) from None
     if not isinstance(doc, dict):
-        raise DataError("expected a JSON object", where=str(path / "profile.json"))
+        raise DataError(f"expected a JSON object, got {_kind(doc)}", where=where)
+    check_shape(doc, PROFILE, "", where)
+    analysis = doc.get("analysis")
+    if analysis:  # the configs the reference and the recommendation name must be there
+        ids = {e["config"] for e in analysis["configs"]}
+        for key in ("reference", "recommendation"):
+            named = (analysis.get(key) or {}).get("config")
+            if named is not None and named not in ids:
+                raise DataError(f"'analysis.{key}.config' names '{named}', which is not in "
+                                "'analysis.configs'", where=where)
     return doc
 
 

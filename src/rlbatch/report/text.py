@@ -54,7 +54,25 @@ def median_cell(row: dict, key: str) -> str:
     return f"{num(row[key])} {interval(row.get(f'{key}_ci'))}"
 
 
+def probe_lines(p: dict) -> list[str]:
+    """The probe strategy's decision (profile.json `decision` when `strategy: probe`)."""
+    what = "keep the baseline" if p["is_reference"] else "use"
+    lines = [(f"Profile (probe strategy): {what} P = {num(p['prompts_per_step'])} x G = "
+              f"{num(p['samples_per_prompt'])} (B = {num(p['sequences_per_step'])}), LR = "
+              f"{num(p['lr'], '.3g')}, C = {num(p['generation_concurrency'])}; outcome "
+              f"{p['outcome']}, evidence: {p['evidence']}.")]
+    if p.get("predicted_time_ratio") is not None:
+        lines.append(f"Predicted T / T_base from its probe: "
+                     f"{num(p['predicted_time_ratio'], '.2f')} "
+                     f"{interval(p.get('predicted_time_ratio_ci'))}. The analysis of the same "
+                     "runs below (probes count as censored runs) asks for 2 seeds per "
+                     "configuration before it calls a difference established.")
+    return lines
+
+
 def decision_lines(d: dict) -> list[str]:
+    if d.get("probe"):
+        return probe_lines(d["probe"]) + decision_lines({**d, "probe": None})
     if not d["recommended"]:
         return [f"No recommendation: {d['reason']}."]
     t = d["target"]

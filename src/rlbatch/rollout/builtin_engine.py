@@ -2,8 +2,8 @@
 
 At most C = `concurrency` sequences are held at once. Each of the C slots owns a row of a
 preallocated KV cache `(layers, C, kv_heads, max_len, head_dim)`; when a sequence finishes
-(EOS or length) its slot is refilled with the next pending prompt at the following
-iteration, so any training batch B runs at any decode concurrency C.
+(EOS or length) its slot is freed, and freed slots are refilled with pending prompts in
+groups (`REFILL_DIVISOR`), so any training batch B runs at any decode concurrency C.
 
 The forward pass is written here over the Hugging Face model's own modules and weights (no
 copy): embeddings, per-layer q/k/v/o projections, RMSNorms, the gated MLP and the model's
@@ -28,6 +28,11 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 # Decode steps with fewer active sequences than this are counted apart (`decode_low_s`): the
 # tail of a rollout, where a decode step's fixed cost is shared by few samples.
 LOW_CONCURRENCY = 8
+# Freed slots are refilled in groups of at least C // REFILL_DIVISOR (or with whatever prompts
+# remain, or at once when nothing is decoding): a prefill is a full forward pass whose fixed
+# cost is about a decode step's, and refilling each slot the moment it frees would add one
+# such pass per retired sequence when B > C. A few slots idle for a few steps instead.
+REFILL_DIVISOR = 8
 
 
 def _linear(mod, x: torch.Tensor) -> torch.Tensor:
@@ -162,12 +167,15 @@ class BuiltinEngine:
         next_tok = torch.zeros(C, dtype=torch.long, device=device)
         pending = 0
         prefill_s = decode_s = low_s = 0.0
+        prefills = 0
+        refill_group = max(1, C // REFILL_DIVISOR)
         while True:
             free = [s for s in range(C) if slot_seq[s] < 0]
-            if free and pending < n_total:
+            waiting = n_total - pending
+            if waiting and free and (len(free) >= min(refill_group, waiting) or len(free) == C):
                 sync()
                 t0 = time.perf_counter()
-                take = free[: n_total - pending]
+                take = free[:waiting]
                 seqs = list(range(pending, pending + len(take)))
                 pending += len(take)
                 toks = self._prefill(take, seqs, prompt_ids, caches, cos_tab, sin_tab, params,
@@ -178,6 +186,7 @@ class BuiltinEngine:
                 self._retire(take, slot_seq, params, responses, reasons)
                 sync()
                 prefill_s += time.perf_counter() - t0
+                prefills += 1
                 continue
             active = [s for s in range(C) if slot_seq[s] >= 0]
             if not active:
@@ -195,7 +204,8 @@ class BuiltinEngine:
             if len(active) < LOW_CONCURRENCY:  # the rollout's tail: few sequences still decode
                 low_s += dt
         timing = {"prefill_s": prefill_s, "decode_s": decode_s, "decode_low_s": low_s,
-                  "tokens": sum(len(r) for r in responses), "concurrency": C}
+                  "prefills": prefills, "tokens": sum(len(r) for r in responses),
+                  "concurrency": C}
         return pack_rollouts(prompt_ids, responses, logps, reasons, self.pad_id, timing)
 
     def _decode_step(self, active, C, slot_pos, next_tok, caches, cos_tab, sin_tab, pos_all,

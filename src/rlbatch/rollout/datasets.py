@@ -25,6 +25,10 @@ tasks, training rows whose prompt also appears in the held-out set are removed.
 `train_stream(seed)` is infinite: each epoch visits every training row once, in an order
 shuffled by a `random.Random(seed)` that carries over between epochs.
 
+Prompts that do not fit the model's context with `rollout.max_new_tokens` are rejected by
+`prompt_lengths.check_prompt_lengths` (the trainers call it once the model is known, before
+any run directory exists; `check_dataset` with a model).
+
 Deviations: files are read whole into memory (no streaming); `eval_set(n)` returns fewer
 than n examples when the held-out set is smaller; the built-in tasks keep their generated
 data but take `task.reward` when it is not `exact`.
@@ -33,6 +37,7 @@ data but take `task.reward` when it is not `exact`.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -93,6 +98,8 @@ def read_jsonl(path: str) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]
                 records.append((lineno, json.loads(line.rstrip("\r\n"))))
             except json.JSONDecodeError as exc:
                 errors.append((lineno, f"invalid JSON ({exc.msg} at column {exc.pos + 1})"))
+            except RecursionError:
+                errors.append((lineno, "invalid JSON (nested too deep)"))
     return records, errors
 
 
@@ -102,11 +109,11 @@ def read_parquet(path: str) -> list[tuple[int, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"not a readable Parquet file ({first})", where=path) from None
-    return list(enumerate(table.to_pylist()))
+    return list(enumerate(rows))
 
 
 def lookup(record: dict, column: str) -> Any:
@@ -165,6 +172,8 @@ def parse_answer(value: Any) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
         return str(int(value)) if value.is_integer() else repr(value)
     if isinstance(value, str) and value.strip():
         return value
@@ -187,7 +196,8 @@ def to_example(record: Any, source: str, prompt_column: str, answer_column: str)
     answer = parse_answer(answer_value)
     if answer is None:
         empty = answer_value is None or (isinstance(answer_value, str) and not answer_value.strip())
-        shown = "empty" if empty else type(answer_value).__name__
+        shown = "empty" if empty else ("a non-finite number" if isinstance(answer_value, float)
+                                       else type(answer_value).__name__)
         return f"answer '{answer_column}' must be a non-empty string or number, got {shown}"
     meta: dict = {"source": source}
     if prompt[1] is not None:
@@ -333,8 +343,12 @@ def build_task(cfg: TaskConfig):
 
 def check_dataset(path: str, fmt: str = "auto", prompt_column: str = "prompt",
                   answer_column: str = "answer", reward: str = "exact",
-                  tolerance: float = 1e-6, reward_cfg: RewardConfig | None = None) -> dict:
+                  tolerance: float = 1e-6, reward_cfg: RewardConfig | None = None,
+                  model: str | None = None, max_new_tokens: int = 5) -> dict:
     """Load `path` and score each reference answer with the reward (`rlbatch data check`).
+
+    With `model` (a local checkpoint folder), every prompt plus `max_new_tokens` must fit the
+    model's context, as `rlbatch train` requires (`prompt_lengths.check_prompt_lengths`).
 
     A row whose reference answer does not score 1.0 cannot be learned as configured (e.g.
     `numeric` with a non-numeric answer is unscorable); such rows are counted, not rejected.
@@ -345,6 +359,12 @@ def check_dataset(path: str, fmt: str = "auto", prompt_column: str = "prompt",
     """
     reward_fn = make_reward(reward, tolerance)
     rows = load_rows(path, fmt, prompt_column, answer_column)
+    if model is not None:
+        from rlbatch.rollout.models import resolve_model_path
+        from rlbatch.rollout.prompt_lengths import check_prompt_lengths
+
+        check_prompt_lengths(DatasetTask(rows.examples, [], reward_fn),
+                             resolve_model_path(model, "dataset", 0), max_new_tokens)
     runner = RewardRunner(SimpleNamespace(reward=reward_fn), reward, tolerance,
                           reward_cfg or RewardConfig())
     try:

@@ -32,7 +32,7 @@ class Rollouts:
     mask: torch.Tensor  # (N, T) bool, True on generated tokens (EOS included)
     lengths: torch.Tensor  # (N,) int64
     finish_reasons: list[str]  # "eos" | "length"
-    timing: dict = field(default_factory=dict)  # prefill_s, decode_s, decode_low_s, tokens
+    timing: dict = field(default_factory=dict)  # prefill_s, decode_s, decode_low_s, prefills, tokens
 
     @property
     def tokens(self) -> int:

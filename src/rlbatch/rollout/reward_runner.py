@@ -3,8 +3,10 @@
 Where a call runs:
 - Built-in rewards (`exact`, `numeric`, `gsm8k`, `boxed`, the built-in tasks' exact match) and
   a `module:function` declared cheap (an attribute `cheap = True` on the function) run in the
-  training process, one call after another; so does any reward with `reward.workers: 0`. No
-  timeout applies there (a Python call cannot be interrupted safely in-process).
+  training process, one call after another; so does any reward with `reward.workers: 0`. Each
+  call gets `reward.timeout_s` by SIGALRM (`rollout/deadline.py`) on POSIX in the main
+  thread, else none (with a warning). It interrupts Python code and blocking calls, not one
+  long C call; a function that sets its own SIGALRM timer replaces it for the rest of that call.
 - Any other `module:function` runs in a pool of `reward.workers` worker processes
   (`python -m rlbatch.rollout.reward_runner`, connected by a socket pair; the worker imports
   the function with the parent's `sys.path`, so whatever the trainer can import, the worker
@@ -16,15 +18,14 @@ Where a call runs:
 What a call can yield (`classify`): a number or bool (the reward), None (unscorable: the
 function could not score it; counted in `reward/unscorable`, scored 0, as before), or a
 fault: `error` (it raised, or returned something that is not a number, bool or None),
-`timeout` (pool only) or `nonfinite` (NaN, infinity, or a magnitude beyond float32, which
+`timeout` or `nonfinite` (NaN, infinity, or a magnitude beyond float32, which
 the reward tensor would turn into infinity). The trainer gives a faulted sample
 `reward.error_value` or drops it from its group (`reward.on_error`), counts the faults per
 step and ends the run past `reward.max_error_rate`; this module only reports them, with the
 first distinct messages (`FaultLog`).
 
 Deviations: the pool's first start waits for every worker to import the function (at most
-`max(60, timeout_s)` seconds) and fails with one line when a worker cannot; in-process calls
-have no timeout.
+`max(60, timeout_s)` seconds) and fails with one line when a worker cannot.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from rlbatch.core.config import RewardConfig
-from rlbatch.core.errors import ConfigError, UserError
+from rlbatch.core.errors import ConfigError, Terminated, UserError
+from rlbatch.rollout.deadline import CallTimeout, Deadlines, alarm_usable
 from rlbatch.rollout.rewards import BUILTIN_REWARDS, make_reward
 from rlbatch.rollout.tasks import Example
 
@@ -113,10 +117,23 @@ def classify(value) -> tuple[str | None, float | None, str | None]:
     return "error", None, f"returned {type(value).__name__}; expected a number, a bool or None"
 
 
-def call_in_process(fn, call: Call) -> tuple[str | None, float | None, str | None]:
-    """One call under the policy: an exception of the function is a fault, never a crash."""
+def call_in_process(fn, call: Call, timer: Deadlines | None = None,
+                    ) -> tuple[str | None, float | None, str | None]:
+    """One call under the policy: an exception of the function is a fault, never a crash;
+    with a `timer` (in-process deadlines) a call past its deadline is a `timeout` fault."""
     try:
-        value = fn(call.prompt, call.completion, call.example)
+        if timer is not None:
+            timer.start()
+        try:
+            value = fn(call.prompt, call.completion, call.example)
+        finally:
+            if timer is not None:
+                timer.stop()
+    except CallTimeout:
+        return "timeout", None, (f"no result within {timer.seconds:g} s (in-process call "
+                                 "interrupted)")
+    except Terminated:  # SIGTERM to the trainer: the run ends, the call is not a fault
+        raise
     # the user's function may raise anything: counted, not fatal
     except Exception as exc:  # noqa: BLE001
         return "error", None, describe_exception(exc)
@@ -331,6 +348,7 @@ class RewardRunner:
         self.pooled = custom and cfg.workers > 0 and not cheap
         self.pool: RewardPool | None = None
         self.log = FaultLog()
+        self.warned = False
 
     def score(self, calls: list[Call]) -> Scored:
         if self.pooled:
@@ -339,7 +357,13 @@ class RewardRunner:
                                        self.cfg.timeout_s)
             outcomes = self.pool.map(calls)
         else:
-            outcomes = [call_in_process(self.task.reward, c) for c in calls]
+            timeout = self.cfg.timeout_s if alarm_usable() else None
+            if timeout is None and not self.warned:
+                self.warned = True
+                warnings.warn("reward.timeout_s does not apply to in-process reward calls "
+                              "outside the main thread or POSIX (SIGALRM)", stacklevel=2)
+            with Deadlines(timeout) if timeout else nullcontext() as timer:
+                outcomes = [call_in_process(self.task.reward, c, timer) for c in calls]
         values = [v for _, v, _ in outcomes]
         return Scored(values, [k for k, _, _ in outcomes], [m for _, _, m in outcomes])
 

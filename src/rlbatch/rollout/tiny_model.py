@@ -298,9 +298,17 @@ def warm_start(model, tokenizer, recipe: TinyRecipe,
 
 def tiny_model_path(recipe: TinyRecipe, *, build: bool = True,
                     progress: Callable[[int, float, float | None], None] | None = None) -> Path:
-    """Folder of the cached checkpoint for `recipe`, building it first when absent."""
+    """Folder of the cached checkpoint for `recipe`, building it first when absent. A cached
+    folder that fails `models.checkpoint_problem` (a weights file cut short, a JSON file that
+    does not parse) is one line saying how to rebuild it; it is not rebuilt silently."""
     final = cache_root() / "models" / recipe.key()
     if (final / "rlbatch_build.json").exists():
+        from rlbatch.rollout.models import checkpoint_problem, rebuild_hint
+
+        problem = checkpoint_problem(final)
+        if problem:
+            raise UserError(f"model: the cached tiny model {final} is damaged: {problem}"
+                            f"{rebuild_hint(final)}")
         return final
     if not build:
         raise FileNotFoundError(final)
@@ -351,4 +359,9 @@ def save_model_folder(model, tokenizer, facts: dict, dest: Path) -> None:
 
 
 def read_build_facts(path: Path) -> dict:
-    return json.loads((Path(path) / "rlbatch_build.json").read_text())
+    file = Path(path) / "rlbatch_build.json"
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the model's build facts ({type(exc).__name__})",
+                        where=str(file)) from None

@@ -4,8 +4,7 @@ What is stored. One checkpoint is one folder `<run>/checkpoints/step-<step, 8 di
 
 - `model.safetensors` (and `critic.safetensors` for PPO): the weights;
 - `state.pt`: the optimizer state dicts (actor and, for PPO, critic), the trainer's torch
-  generator state, the global torch RNG state and `extra` (the noise-scale EMA states: plain
-  floats and ints);
+  generator state, the global torch RNG state and `extra` (noise-scale EMA states: numbers);
 - `counters.json`: every run counter, including how many task examples were consumed;
 - `checksums.json`, written last: the size and SHA-256 of each file above.
 
@@ -17,6 +16,7 @@ folder, renames it to `step-N/` (one atomic rename; the parent folder is fsynced
 then deletes the checkpoints older than the newest two (each renamed to `.trash-*` before it is
 deleted). A kill at any point of a save therefore leaves the checkpoints that existed before it
 complete; folders whose name starts with a dot are never loaded, and the next save removes them.
+A save that fails (full disk, read-only folder) removes its temporary folder: `OutputError`.
 
 Two-checkpoint fallback. The latest and the previous checkpoint are kept. `load_checkpoint`
 verifies a checkpoint completely before it changes anything: every file's size and SHA-256
@@ -37,6 +37,7 @@ can run code. The checksums guard against damage, not against a deliberate forge
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -49,7 +50,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_model
 
-from rlbatch.core.errors import DataError
+from rlbatch.core.errors import DataError, OutputError, output_error
 from rlbatch.core.runlog import dumps_strict
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,7 @@ _CHUNK = 1 << 20
 
 def _digest(path: Path, *, sync: bool = False) -> dict:
     """Size and SHA-256 of a file; with sync, fsync it too (after it was written)."""
-    h = hashlib.sha256()
-    size = 0
+    h, size = hashlib.sha256(), 0
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             h.update(chunk)
@@ -79,16 +79,12 @@ def _digest(path: Path, *, sync: bool = False) -> dict:
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # platforms without directory fds
         fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _remove(path: Path) -> None:
@@ -108,36 +104,54 @@ def _remove_leftovers(root: Path) -> None:
             shutil.rmtree(p)
 
 
+def _output_error(exc: BaseException, path: Path) -> OutputError | None:
+    """The OutputError (naming `path`) of a save that failed for want of space or permission:
+    an OSError, in the chain of torch's RuntimeError, or safetensors' `(os error N)`."""
+    seen = exc
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None and (m := re.search(r"\(os error (\d+)\)", str(exc))):
+        seen = OSError(int(m.group(1)), "os error")
+    return output_error(seen, path)
+
+
 def save_checkpoint(run_dir: Path, *, model, optimizer, counters: dict,
                     generator: torch.Generator, critic=None, critic_optimizer=None,
                     extra_state: dict | None = None, keep: int = KEEP) -> Path:
     """Write a checkpoint of step `counters["step"]` atomically; keep the newest `keep`
-    checkpoints (at least 1). Returns the checkpoint folder."""
+    checkpoints (at least 1). Returns the checkpoint folder. A failed save leaves the older
+    checkpoints as they were; want of space or permission is an `OutputError` naming it."""
     root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(root)
     name = f"step-{int(counters['step']):08d}"
-    tmp = root / f".tmp-{name}"
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    state = {"optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-             "torch_rng": torch.get_rng_state(), "extra": extra_state or {}}
-    if critic is not None:
-        save_model(critic, str(tmp / "critic.safetensors"))
-        state["critic_optimizer"] = critic_optimizer.state_dict()
-    with open(tmp / "state.pt", "wb") as fh:
-        torch.save(state, fh)
-    (tmp / "counters.json").write_text(dumps_strict(counters, indent=2) + "\n")
-    files = {p.name: _digest(p, sync=True) for p in sorted(tmp.iterdir())}
-    (tmp / CHECKSUMS).write_text(json.dumps({"format": FORMAT, "step": int(counters["step"]),
-                                             "files": files}, indent=2) + "\n")
-    _digest(tmp / CHECKSUMS, sync=True)
-    _fsync_dir(tmp)
-    final = root / name
-    replaced = root / f".trash-{name}"
-    if final.exists():  # the same step saved again (the older checkpoints stay meanwhile)
-        os.rename(final, replaced)
-    os.rename(tmp, final)  # the commit point
+    tmp, final, replaced = root / f".tmp-{name}", root / name, root / f".trash-{name}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(root)
+        tmp.mkdir()
+        save_model(model, str(tmp / "model.safetensors"))
+        state = {"optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                 "torch_rng": torch.get_rng_state(), "extra": extra_state or {}}
+        if critic is not None:
+            save_model(critic, str(tmp / "critic.safetensors"))
+            state["critic_optimizer"] = critic_optimizer.state_dict()
+        with open(tmp / "state.pt", "wb") as fh:
+            torch.save(state, fh)
+        (tmp / "counters.json").write_text(dumps_strict(counters, indent=2) + "\n")
+        files = {p.name: _digest(p, sync=True) for p in sorted(tmp.iterdir())}
+        (tmp / CHECKSUMS).write_text(json.dumps({"format": FORMAT, "step": int(counters["step"]),
+                                                 "files": files}, indent=2) + "\n")
+        _digest(tmp / CHECKSUMS, sync=True)
+        _fsync_dir(tmp)
+        if final.exists():  # the same step saved again (the older checkpoints stay meanwhile)
+            os.rename(final, replaced)
+        os.rename(tmp, final)  # the commit point
+    except Exception as exc:  # nothing half-written stays; a kill (not an Exception) may
+        shutil.rmtree(tmp, ignore_errors=True)  # leave .tmp-*, which the next save removes
+        if replaced.exists() and not final.exists():
+            os.rename(replaced, final)
+        if (err := _output_error(exc, final)) is None:
+            raise
+        raise err from None
     _fsync_dir(root)
     if replaced.exists():
         shutil.rmtree(replaced)

@@ -2,14 +2,17 @@
 
 `open_run` decides what an existing run directory means: a finished run is returned as is
 (re-running is idempotent), an interrupted (`running`) or `failed` one needs `resume=True`
-(or `fresh=True` to start over), and anything else is a one-line error. On resume the log
+(or `fresh=True` to start over), and anything else is a one-line error. A `stopped` run
+whose STOP file has been removed continues with `resume=True` from its last checkpoint
+(how `rlbatch profile` extends a probe, profile/probing.py). On resume the log
 files are cut back to the last checkpoint, so the rows of steps that are re-run are not
 duplicated.
 
 Failures: `fail(exc)` writes `status: failed` and `failure: "<one line>"` to summary.json;
 the trainers call it for any exception inside a run before it propagates, so only a killed
 process (SIGKILL, power loss) leaves a run `running`. A failed run keeps its checkpoints and
-`--resume` continues it from the last one.
+`--resume` continues it from the last one. On a full disk or a read-only folder writing `failed`
+may fail too: the run stays `running` and the `OutputError` that ended it says to `--resume`.
 
 Reward faults (`rollout/reward_runner.py`): the counters hold the run's totals and a window
 of the most recent steps' (calls, faults); `reward_fault_rate_exceeded` judges
@@ -24,21 +27,23 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 
+from rlbatch.backends.builtin.counters import Counters
 from rlbatch.core.config import Config
-from rlbatch.core.errors import ConfigError, Terminated, UserError
+from rlbatch.core.errors import ConfigError, OutputError, Terminated, UserError, writing
 from rlbatch.core.runlog import (
     RunWriter,
     _read_json,
+    append_jsonl,
     atomic_write_json,
     build_manifest,
-    dumps_strict,
     make_run_id,
     read_jsonl,
     truncate_jsonl_after_step,
 )
+from rlbatch.rollout.reward_runner import RewardError
 
 # Run statuses (docs/metrics.md): `running`, then one of these. `diverged` means the run
 # produced non-finite values (nonfinite.max_consecutive skipped updates in a row); `stopped`
@@ -47,9 +52,11 @@ TERMINAL = ("target_reached", "budget_exhausted", "stopped", "diverged", "failed
 # Ended for good: re-running skips these. A `failed` run ended but can be resumed.
 FINISHED = ("target_reached", "budget_exhausted", "stopped", "diverged")
 REWARD_ERRORS = "reward_errors.jsonl"
+_LOGS = ("steps.jsonl", "evals.jsonl", REWARD_ERRORS)
+_OWN_FILES = ("config.yaml", "manifest.json", "summary.json", *_LOGS)
 _FAULT_KEYS = ("errors", "timeouts", "nonfinite")
 STOP_FILE = "STOP"  # its text is "<code>: <detail>"; checked after every step
-STOP_CODES = ("cannot_win", "no_crossing")
+STOP_CODES = ("cannot_win", "no_crossing", "probe")
 
 
 def failure_line(exc: BaseException) -> str:
@@ -61,52 +68,6 @@ def failure_line(exc: BaseException) -> str:
     else:
         text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return text if len(text) <= 500 else text[:497] + "..."
-
-
-@dataclass
-class Counters:
-    """Everything a run counts, saved with each checkpoint (`counters.json`) and restored on
-    resume; names as in summary.json where they appear there."""
-
-    step: int = 0  # rollout steps done
-    samples: int = 0  # retained responses (the x-axis)
-    prompts: int = 0
-    tokens: int = 0  # generated response tokens
-    train_s: float = 0.0  # wall seconds of rollout steps (evaluations, checkpoints excluded)
-    consumed: int = 0  # prompts drawn from the training stream (replayed on resume)
-    nonfinite_total: int = 0  # optimizer updates skipped as non-finite, in all
-    nonfinite_run: int = 0  # consecutive steps with a skipped update
-    next_eval: int = 0  # the sample mark of the next evaluation
-    next_ckpt: int = 0  # the sample mark of the next checkpoint (0: none)
-    evals_done: int = 0
-    eval_s: float = 0.0
-    checkpoint_s: float = 0.0
-    first_step_s: float | None = None
-    target: dict | None = None  # the crossing: step, samples, train_s, reached_value
-    target_threshold: float | None = None  # absolute, or step-0 value + gain once known
-    status: str = "running"
-    last_eval: dict | None = None
-    stop_reason: str | None = None
-    stop_code: str | None = None
-    failure: str | None = None
-    reward_calls: int = 0
-    reward_errors: int = 0
-    reward_timeouts: int = 0
-    reward_nonfinite: int = 0
-    reward_window: list = field(default_factory=list)  # [calls, faults] of recent steps
-
-    @classmethod
-    def fresh(cls, cfg: Config) -> Counters:
-        return cls(next_eval=cfg.eval.every_samples,
-                   next_ckpt=cfg.checkpoint.every_samples or 0,
-                   target_threshold=cfg.target.value)
-
-    def restore(self, saved: dict) -> None:
-        """Take the values of a checkpoint's counters.json (unknown keys are ignored)."""
-        names = {f.name for f in fields(self)}
-        for key, value in saved.items():
-            if key in names:
-                setattr(self, key, value)
 
 
 class RunState:
@@ -127,15 +88,23 @@ class RunState:
     def load_counters(self, counters: dict) -> None:
         self.c.restore(counters)
         self._from_checkpoint = True
+        if self.c.status == "stopped":  # its STOP file was removed: it continues (open_run)
+            self.c.status, self.c.stop_reason, self.c.stop_code = "running", None, None
 
     def truncate_logs(self) -> None:
         if self.finished:
             return
         keep = self.c.step if self._from_checkpoint else -1
-        for name in ("steps.jsonl", "evals.jsonl", REWARD_ERRORS):
-            truncate_jsonl_after_step(self.dir / name, keep)
-        self.writer = RunWriter(self.dir)
-        self._write_summary()
+        try:
+            for name in _LOGS:
+                truncate_jsonl_after_step(self.dir / name, keep)
+            for tmp in (t for name in _OWN_FILES for t in self.dir.glob(f".{name}.tmp*")):
+                with writing(tmp):  # atomic writes' temporary files a killed process left
+                    tmp.unlink(missing_ok=True)
+            self.writer = RunWriter(self.dir)
+            self._write_summary()
+        except OutputError as exc:  # the run folder exists: fix it, then --resume
+            raise exc.resumable() from None
 
     def logged_reward_faults(self) -> list[tuple]:
         """(kind, message) of the faults already in reward_errors.jsonl (kept across resume)."""
@@ -182,15 +151,13 @@ class RunState:
         """Append new distinct faults to reward_errors.jsonl and say them on stderr."""
         if not rows:
             return
-        with open(self.dir / REWARD_ERRORS, "a") as fh:
-            step = self.c.step + (1 if phase == "train" else 0)  # the step being run
-            for row in rows:
-                row = {"step": step, "phase": phase, **row}
-                fh.write(dumps_strict(row) + "\n")
-                print(f"reward {row['kind']} ({phase}, step {row['step']}, prompt "
-                      f"{row['prompt_index']}) in {row['function']}: {row['message']}",
-                      file=sys.stderr)
-            fh.flush()
+        step = self.c.step + (1 if phase == "train" else 0)  # the step being run
+        rows = [{"step": step, "phase": phase, **row} for row in rows]
+        for row in rows:
+            print(f"reward {row['kind']} ({phase}, step {row['step']}, prompt "
+                  f"{row['prompt_index']}) in {row['function']}: {row['message']}",
+                  file=sys.stderr)
+        append_jsonl(self.dir / REWARD_ERRORS, *rows)
 
     def log_eval(self, row: dict, seconds: float) -> None:
         c, t = self.c, self.cfg.target
@@ -239,6 +206,21 @@ class RunState:
         elif c.samples >= b.max_samples or (b.max_train_s and c.train_s >= b.max_train_s):
             c.status = "target_reached" if c.target else "budget_exhausted"
 
+    def after_step(self, row: dict, evaluate: Callable[[], None]) -> bool:
+        """What follows every logged step, in both trainers: fail past the reward fault rate,
+        run the evaluations whose sample marks this step crossed, update the status (target,
+        budget, stop request, divergence), end a finished run on an evaluation. Returns
+        whether a checkpoint is due now (by cadence, or because the run has finished)."""
+        if (reason := self.reward_fault_rate_exceeded()) is not None:
+            raise RewardError(reason)
+        while self.c.samples >= self.c.next_eval:
+            evaluate()
+        self.update_status(row)
+        if self.needs_final_eval():
+            evaluate()
+            self.after_final_eval()
+        return self.due_checkpoint() or self.c.status != "running"
+
     def due_checkpoint(self) -> bool:
         every = self.cfg.checkpoint.every_samples
         if not every or self.c.samples < self.c.next_ckpt:
@@ -256,17 +238,22 @@ class RunState:
     def fail(self, exc: BaseException) -> None:
         """Write `failed` and the reason before the exception propagates. Counters that were
         not restored (a resume that failed before loading its checkpoint) are not written
-        over the previous attempt's: only its status and failure change then."""
+        over the previous attempt's: only its status and failure change then. When that write
+        fails too (a full disk), the summary keeps its previous content and `exc` stays the
+        error reported (the second one becomes a note on it)."""
         self.c.status = "failed"
         self.c.failure = failure_line(exc)
-        if self.resuming and not self._from_checkpoint and self.writer is None:
-            previous = _read_json(self.dir / "summary.json")
-            self.summary = {**previous, "status": "failed", "failure": self.c.failure,
-                            "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        try:
+            if self.resuming and not self._from_checkpoint and self.writer is None:
+                previous = _read_json(self.dir / "summary.json")
+                self.summary = {**previous, "status": "failed", "failure": self.c.failure,
+                                "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            else:
+                self.summary = self._summary()
             atomic_write_json(self.dir / "summary.json", self.summary)
-        else:
-            self.summary = self._summary()
-            atomic_write_json(self.dir / "summary.json", self.summary)
+        except (OSError, UserError) as second:
+            if hasattr(exc, "add_note"):  # Python >= 3.11; shown with a traceback only
+                exc.add_note(f"status 'failed' not recorded: {second}")
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -309,6 +296,9 @@ def run_recorded(state: RunState, body: Callable[[], dict], close: Callable[[], 
         return state.summary
     try:
         return body()
+    except OutputError as exc:  # written down if it can be; the run resumes once it can write
+        state.fail(err := exc.resumable())
+        raise err from None
     except BaseException as exc:  # written down, then propagated
         state.fail(exc)
         raise
@@ -327,7 +317,8 @@ def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunSt
     if exists:
         summary = _read_json(run_dir / "summary.json")
         status = summary.get("status")
-        if status in FINISHED:
+        if status in FINISHED and not (status == "stopped" and resume
+                                       and not (run_dir / STOP_FILE).exists()):
             return RunState(cfg, run_dir, resuming=False, finished=True)
         if not resume:
             what = (f"a failed run ({summary.get('failure') or 'no reason recorded'})"
@@ -336,11 +327,15 @@ def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunSt
                 f"run directory {run_dir} holds {what}: pass --resume to continue it from its "
                 "last checkpoint or --fresh to start over")
         return RunState(cfg, run_dir, resuming=True, finished=False)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    w = RunWriter(run_dir)
-    w.write_config(resolved)
-    w.write_manifest(build_manifest(run_id, "builtin", cfg.seed, _versions(cfg)))
-    w.close()
+    new = not run_dir.exists()
+    try:  # config.yaml, which marks a run as existing, is written last
+        with RunWriter(run_dir) as w:
+            w.write_manifest(build_manifest(run_id, "builtin", cfg.seed, _versions(cfg)))
+            w.write_config(resolved)
+    except OutputError:
+        if new:  # nothing half-written: a folder this call made goes again
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     return RunState(cfg, run_dir, resuming=False, finished=False)
 
 

@@ -58,6 +58,7 @@ from rlbatch.rollout.models import (
     make_engine,
     resolve_model_path,
 )
+from rlbatch.rollout.prompt_lengths import check_prompt_lengths
 from rlbatch.rollout.reward_runner import Call, RewardError, RewardRunner, fault_key
 
 Callback = Callable[[str, dict], None]
@@ -86,6 +87,7 @@ class Trainer:
         self.rewards = RewardRunner(self.task, cfg.task.reward, cfg.task.tolerance, cfg.reward)
         require_trackers(cfg.trackers)
         path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits, build_progress)
+        check_prompt_lengths(self.task, path, cfg.rollout.max_new_tokens)  # before any run dir
         self.state: RunState = open_run(cfg, resume=resume, fresh=fresh)
         if self.state.finished:
             return
@@ -158,15 +160,7 @@ class Trainer:
             st.log_step(row)
             self.trackers.log(row)
             self.cb("step", row)
-            if (reason := st.reward_fault_rate_exceeded()) is not None:
-                raise RewardError(reason)
-            while st.c.samples >= st.c.next_eval:
-                self._evaluate()
-            st.update_status(row)
-            if st.needs_final_eval():
-                self._evaluate()
-                st.after_final_eval()
-            if st.due_checkpoint() or st.status != "running":
+            if st.after_step(row, self._evaluate):
                 self._checkpoint()
         self.trackers.close()
         return st.finish()

@@ -83,6 +83,9 @@ class TRLRun:
         self.runner = RewardRunner(self.task, cfg.task.reward, cfg.task.tolerance, cfg.reward)
         self.model_path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits,
                                              build_progress)
+        from rlbatch.rollout.prompt_lengths import check_prompt_lengths
+
+        check_prompt_lengths(self.task, self.model_path, cfg.rollout.max_new_tokens)
         self.state: RunState = open_trl_run(cfg, resume=resume, fresh=fresh)
         self.trainer = None
         if self.state.finished:
@@ -185,18 +188,10 @@ class TRLRun:
         rw.reset()
         st.log_step(row)
         self.cb("step", row)
-        if (reason := st.reward_fault_rate_exceeded()) is not None:
-            raise RewardError(reason)
-        while st.c.samples >= st.c.next_eval:
-            self.evaluate()
-        st.update_status(row)
-        if st.needs_final_eval():
-            self.evaluate()
-            st.after_final_eval()
+        if st.after_step(row, self.evaluate):
+            control.should_save = True
         if st.status != "running":
             control.should_training_stop = True
-        if st.due_checkpoint() or st.status != "running":
-            control.should_save = True
 
     def evaluate(self) -> None:
         """Greedy (k=1) or sampled mean@k held-out accuracy of the current policy."""

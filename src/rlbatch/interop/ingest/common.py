@@ -9,6 +9,11 @@ TensorBoard events, row helpers) is `ingest.logs`.
 - Readers of config sources: shell scripts holding a training command (`shell_tokens`),
   TOML/YAML/JSON config files (`load_mapping`), dotted lookups (`get_path`), and `Settings`,
   which converts values (`as_int`, `as_float`) and notes each framework default it assumed.
+  A file that is not UTF-8 text (`read_config_text`) is one line naming it and the byte.
+- A `FrameworkConfig` read from a file checks its values on construction: P, G, mini
+  batches and epochs >= 1, LRs finite and > 0; otherwise one line naming the file and the
+  framework setting that gave the value (a config with `data.train_batch_size=-5` would
+  otherwise become a run with a negative B).
 
 No torch import: ingest runs where the framework's own stack is not installed.
 """
@@ -72,6 +77,10 @@ class FrameworkConfig(StepBatch):
     notes: tuple = ()
     source: str | None = None
 
+    def __post_init__(self):
+        if self.source is not None:  # read from a file: check what the file said
+            check_values(self)
+
     @property
     def minibatches_per_step(self) -> float:
         """Optimizer updates per epoch over one rollout batch (k; 1 when not mini-batched)."""
@@ -79,6 +88,37 @@ class FrameworkConfig(StepBatch):
             return 1
         k = self.prompts_per_step / self.mini_batch_prompts
         return int(k) if k == int(k) else k
+
+
+_AT_LEAST_ONE = {"prompts_per_step": "prompts per rollout step",
+                 "samples_per_prompt": "samples per prompt",
+                 "mini_batch_prompts": "prompts per optimizer update",
+                 "critic_mini_batch_prompts": "prompts per critic update",
+                 "epochs_per_step": "epochs per rollout step"}
+_LRS = {"lr": "learning rate", "critic_lr": "critic learning rate"}
+
+
+def check_values(fc: FrameworkConfig) -> None:
+    """A ConfigError for the first value of `fc` out of range, naming `fc.source` and the
+    framework setting(s) of that value (those in `fc.settings` holding it; a value computed
+    from several settings names them all)."""
+    def fail(attr: str, what: str, rule: str) -> None:
+        value = getattr(fc, attr)
+        names = [k for k, v in fc.settings.items()
+                 if not isinstance(v, bool) and isinstance(v, (int, float))
+                 and (v == value or (math.isnan(v) and math.isnan(value)))]
+        shown = names or [f"{k}={v!r}" for k, v in fc.settings.items()]
+        origin = f" (from {', '.join(shown)})" if shown else ""
+        raise ConfigError(f"{what} = {value!r}{origin} must be {rule}", where=fc.source)
+
+    for attr, what in _AT_LEAST_ONE.items():
+        value = getattr(fc, attr)
+        if value is not None and value < 1:
+            fail(attr, what, ">= 1")
+    for attr, what in _LRS.items():
+        value = getattr(fc, attr)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            fail(attr, what, "a finite number > 0")
 
 
 # ---------------------------------------------------------------- values and mappings
@@ -112,12 +152,25 @@ def get_path(d: Any, dotted: str) -> Any:
     return d
 
 
+def read_config_text(path: Path) -> str:
+    """The text of a framework config file; a ConfigError naming the file when it is not
+    UTF-8 (a binary file passed as `--config` or `--base`)."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"not a UTF-8 text file (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start}); expected a framework config file",
+                          where=f"{path}:{line}") from None
+
+
 def load_mapping(path: Path) -> dict:
     """A TOML, YAML or JSON file as a dict; a syntax error names the file (and line)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("config file not found", where=str(path))
-    text = path.read_text()
+    text = read_config_text(path)
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
@@ -149,7 +202,7 @@ def shell_tokens(path: Path) -> list[tuple[str, int]]:
         raise ConfigError("file not found", where=str(path))
     variables: dict[str, str] = {}
     out: list[tuple[str, int]] = []
-    lines = path.read_text().splitlines()
+    lines = read_config_text(path).splitlines()
     i = 0
     while i < len(lines):
         start, text = i + 1, lines[i]

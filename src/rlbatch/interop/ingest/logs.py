@@ -9,7 +9,10 @@
   values (`extras`), numeric checks (`is_number`, `num`).
 
 Deviation from a plain JSON-lines reader (`core.runlog.read_jsonl`): records keep their line
-numbers so that an unusable record (not an object, no step) is reported as `file:line`.
+numbers so that an unusable record (not an object, no step) is reported as `file:line`, and
+a logged value that is not a number (a string, true/false, a list, an object inside the
+metrics), which the converters leave out, is warned once per key and file with the first
+`file:line`, the value and the count (`non_numeric_warnings`), instead of vanishing.
 No torch import: ingest runs where the framework's own stack is not installed.
 """
 
@@ -47,7 +50,7 @@ def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
             continue
         try:
             obj = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             if i == len(raw) and not complete_tail:
                 warnings.append(f"{path}:{i}: last line is truncated (cut mid-write); ignored")
                 truncated = True
@@ -57,7 +60,37 @@ def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
         if not isinstance(obj, dict):
             raise DataError("expected a JSON object", where=f"{path}:{i}")
         records.append((i, obj))
-    return records, warnings, truncated
+    return records, warnings + non_numeric_warnings(records, path), truncated
+
+
+def non_numeric_warnings(records: list[tuple[int, dict]], path: Path) -> list[str]:
+    """One warning per key whose logged values include some that are not numbers (nor
+    null). Keys are the record's own, and those of an object one level down (verl's
+    `data`); `step` is left to the converters, which reject a bad one."""
+    first: dict[str, tuple[int, Any]] = {}
+    counts: dict[str, int] = {}
+
+    def note(key: str, value: Any, line: int) -> None:
+        if value is None or is_number(value):
+            return
+        first.setdefault(key, (line, value))
+        counts[key] = counts.get(key, 0) + 1
+
+    for line, obj in records:
+        for key, value in obj.items():
+            if key == "step":
+                continue
+            if isinstance(value, dict):
+                for inner, v in value.items():
+                    note(str(inner), v, line)
+            else:
+                note(key, value, line)
+    out = []
+    for key, (line, value) in first.items():
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        out.append(f"{path}:{line}: '{key}' is {shown}, not a number; {counts[key]} such "
+                   f"value(s) of '{key}' in this file not ingested")
+    return out
 
 
 def merge_steps(items: list[tuple[int, dict]], where: str) -> tuple[list[tuple[int, dict]],

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rlbatch.interop.ingest.common import FrameworkConfig, Settings, as_float, as_int, shell_tokens
 from rlbatch.interop.ingest.logs import extras, map_metrics, num, read_tensorboard, tb_step_records
-from rlbatch.interop.ingest.writer import Converted
+from rlbatch.interop.ingest.writer import Converted, token_count
 
 ROLLOUT, N, TRAIN = "--rollout_batch_size", "--n_samples_per_prompt", "--train_batch_size"
 MICRO, LR, CRITIC_LR = "--micro_train_batch_size", "--actor_learning_rate", "--critic_learning_rate"
@@ -92,7 +92,7 @@ def read_config(path: Path) -> FrameworkConfig:
 
 
 def _step_rows(train: list, evals: dict, batch: tuple, origin: float, algorithm: str,
-               reward_key: str | None) -> tuple[list, float]:
+               reward_key: str | None, where: str) -> tuple[list, float]:
     """Training rows and the total evaluation seconds subtracted from train_s."""
     p, b = batch
     rows, eval_s, tokens = [], 0.0, 0
@@ -103,7 +103,8 @@ def _step_rows(train: list, evals: dict, batch: tuple, origin: float, algorithm:
         used: set = set()
         row = {"step": step, "samples": step * b, "prompts": step * p}
         mean_len = num(data.get("response_length"))
-        tokens = None if tokens is None or mean_len is None else tokens + round(mean_len * b)
+        tokens = None if tokens is None or mean_len is None else tokens + token_count(
+            mean_len, b, "train/response_length", step, where)
         if tokens is not None:
             row["tokens"] = tokens
         row["train_s"] = wall - origin - eval_s
@@ -130,7 +131,8 @@ def convert(path: Path, res) -> Converted:
     evals = {s: (d, w) for s, d, w in tb_step_records(tb, {"eval/": "eval/"})}
     algorithm = res.algorithm or ("ppo" if any("critic_loss" in d for _, d, _ in train)
                                   else "grpo")
-    steps, eval_s = _step_rows(train, evals, (p, p * g), tb.origin, algorithm, res.reward_key)
+    steps, eval_s = _step_rows(train, evals, (p, p * g), tb.origin, algorithm, res.reward_key,
+                               str(path))
     train_s_at = {r["step"]: r["train_s"] for r in steps}
     eval_rows = []
     for step, (data, wall) in sorted(evals.items()):

@@ -39,7 +39,7 @@ from rlbatch.interop.ingest.common import (
     load_mapping,
 )
 from rlbatch.interop.ingest.logs import extras, map_metrics, merge_steps, num, read_records
-from rlbatch.interop.ingest.writer import Converted
+from rlbatch.interop.ingest.writer import MAX_STEP, Converted, finite_values, is_step
 
 BATCH = ("orchestrator.batch_size", "batch_size")
 GROUP = ("orchestrator.rollouts_per_example", "rollouts_per_example")
@@ -106,12 +106,12 @@ def _read(path: Path) -> tuple[list, list, bool]:
     items = []
     for line, obj in records:
         step = obj.get("step")
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise DataError("record has no integer 'step' (prime-rl metrics.jsonl)",
-                            where=f"{path}:{line}")
+        if not is_step(step):
+            raise DataError(f"record has no integer 'step' in 0..{MAX_STEP} (prime-rl "
+                            f"metrics.jsonl)", where=f"{path}:{line}")
         if items and items[-1][0] == step and "time" in items[-1][1]:
             obj = {k: v for k, v in obj.items() if k != "time"}  # a step's first line dates it
-        items.append((step, obj))
+        items.append((step, finite_values(obj)))
     merged, w = merge_steps(items, str(path))
     return merged, warnings + w, truncated
 

@@ -44,7 +44,13 @@ from rlbatch.interop.ingest.logs import (
     read_tensorboard,
     tb_step_records,
 )
-from rlbatch.interop.ingest.writer import Converted
+from rlbatch.interop.ingest.writer import (
+    MAX_STEP,
+    Converted,
+    finite_values,
+    is_step,
+    token_count,
+)
 
 PER_DEVICE, ACCUM = "per_device_train_batch_size", "gradient_accumulation_steps"
 GENS = "num_generations"
@@ -102,8 +108,8 @@ def read_config(path: Path, num_processes: int = 1) -> FrameworkConfig:
 # ---------------------------------------------------------------- trainer_state.json
 def _log_history(path: Path) -> list:
     try:
-        state = json.loads(path.read_text())
-    except ValueError as exc:
+        state = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         line = getattr(exc, "lineno", None)
         raise DataError(f"invalid JSON ({exc.__class__.__name__})",
                         where=f"{path}:{line}" if line else str(path)) from None
@@ -112,30 +118,31 @@ def _log_history(path: Path) -> list:
         raise DataError("no log_history list (expected a transformers trainer_state.json)",
                         where=str(path))
     for i, entry in enumerate(history):
-        step = entry.get("step") if isinstance(entry, dict) else None
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise DataError(f"log_history[{i}] has no integer 'step'", where=str(path))
-    return history
+        if not is_step(entry.get("step") if isinstance(entry, dict) else None):
+            raise DataError(f"log_history[{i}] has no integer 'step' in 0..{MAX_STEP}",
+                            where=str(path))
+    return [finite_values(e) for e in history]
 
 
 def _json_clock(history: list, warnings: list, path: Path) -> dict:
     """global_step -> training seconds (evaluation excluded) for every training entry."""
-    final = next((e for e in history if "train_loss" in e and "train_runtime" in e), None)
+    final = next((e for e in history if "train_loss" in e), None)
     eval_s, clock, per_row = 0.0, {}, True
     for e in history:
         if any(k.startswith("eval_") for k in e):
             eval_s += num(e.get("eval_runtime")) or 0.0
-        elif e is not final:
+        elif "train_loss" not in e:
             rt = num(e.get("train_runtime"))
             per_row = per_row and rt is not None
             clock[e["step"]] = None if rt is None else rt - eval_s
     if per_row and clock:
         return clock
-    if final is None or not history:
+    runtime = None if final is None else num(final.get("train_runtime"))
+    if runtime is None:
         warnings.append(f"{path}: no train_runtime anywhere; train_s left out")
         return {}
     last = max(e["step"] for e in history) or 1
-    total = num(final["train_runtime"]) - eval_s
+    total = runtime - eval_s
     warnings.append(f"{path}: rows carry no clock (include_num_input_tokens_seen off); train_s "
                     f"spreads the final train_runtime uniformly over steps (an estimate)")
     return {s: total * s / last for s in clock}
@@ -182,7 +189,8 @@ def _rows(train: list, batch: tuple, k: float, reward_key: str | None, warnings:
         row = {"step": r, "samples": r * b, "prompts": r * p}
         mean_len = num(data.get("completions/mean_length"))
         new = r * b - prev
-        tokens = None if tokens is None or mean_len is None else tokens + round(mean_len * new)
+        tokens = None if tokens is None or mean_len is None else tokens + token_count(
+            mean_len, new, "completions/mean_length", r, where)
         prev = r * b
         if tokens is not None:
             row["tokens"] = tokens

@@ -38,7 +38,13 @@ from rlbatch.interop.ingest.common import (
     shell_tokens,
 )
 from rlbatch.interop.ingest.logs import extras, map_metrics, merge_steps, num, read_records
-from rlbatch.interop.ingest.writer import Converted
+from rlbatch.interop.ingest.writer import (
+    MAX_STEP,
+    Converted,
+    finite_values,
+    is_step,
+    token_count,
+)
 
 TRAIN_BATCH = "data.train_batch_size"
 ROLLOUT_N = "actor_rollout_ref.rollout.n"
@@ -154,10 +160,10 @@ def _items(path: Path) -> tuple[list, list, bool]:
     items = []
     for line, obj in records:
         step, data = obj.get("step"), obj.get("data")
-        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict):
-            raise DataError('expected {"step": <int>, "data": {...}} (verl file logger)',
-                            where=f"{path}:{line}")
-        items.append((step, data))
+        if not is_step(step) or not isinstance(data, dict):
+            raise DataError(f'expected {{"step": <int 0..{MAX_STEP}>, "data": {{...}}}} (verl '
+                            f'file logger)', where=f"{path}:{line}")
+        items.append((step, finite_values(data)))
     merged, w = merge_steps(items, str(path))
     return merged, warnings + w, truncated
 
@@ -183,8 +189,10 @@ def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
     used = {"timing_s/step", *CRITIC_PHASES}
     used.update(k for k in data if k.startswith(("val-core/", "val-aux/", "val/")))
     mean_len = num(data.get("response_length/mean"))
-    if state["tokens"] is not None and mean_len is not None:
-        state["tokens"] += round(mean_len * b)
+    new_tokens = None if mean_len is None else token_count(
+        mean_len, b, "response_length/mean", step, where)
+    if state["tokens"] is not None and new_tokens is not None:
+        state["tokens"] += new_tokens
         row["tokens"] = state["tokens"]
     else:
         state["tokens"] = None
@@ -200,7 +208,7 @@ def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
         metrics["reward/mean"] = (reward_key,)
     row.update(map_metrics(data, metrics, used))
     if "tokens" in row and row.get("time/rollout"):
-        row["rollout/tokens_per_s"] = round(mean_len * b) / row["time/rollout"]
+        row["rollout/tokens_per_s"] = new_tokens / row["time/rollout"]
     row.update(extras(data, used, "verl"))
     return row
 

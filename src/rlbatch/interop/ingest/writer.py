@@ -10,14 +10,20 @@ TensorBoard logs) are left out instead of being invented ("a key a trainer canno
 is left out", docs/metrics.md). config.yaml holds only what identifies the configuration
 (no source path), so seeds of one configuration group together in `rlbatch analyze`; the
 source files and their hashes go to manifest.json.
+
+Values: a logged value no float can hold (NaN, inf, an integer beyond 1.8e308) is written as
+null ("measured, not finite"; `finite_values`, which the converters also apply to each record
+before any arithmetic), and the counters `step`, `samples`, `prompts`, `tokens` must lie in
+0..2^53 (`MAX_STEP`, exact as floats, as analysis reads them): a corrupt log is then one line
+naming the file, not a traceback or an absurd run (found by tests/test_fuzz.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +33,24 @@ from rlbatch.core.errors import DataError, UserError
 from rlbatch.core.runlog import EVAL_REQUIRED, build_manifest, dumps_strict, stable_hash
 
 COUNTERS = ("step", "samples", "prompts", "tokens", "train_s")
+# the largest step a converter accepts: counters stay exact as floats, which analysis reads
+MAX_STEP = 2 ** 53
+
+
+def is_step(value) -> bool:
+    """A usable logged step: an integer (not a bool) in 0..MAX_STEP."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+
+
+def token_count(mean_len: float, samples: int, key: str, step: int, where: str) -> int:
+    """`mean_len` x `samples`, rounded: the tokens of a step from its logged mean response
+    length. A negative length, or one whose token count is not finite (a corrupt `1e308`),
+    is a DataError naming the key and the step rather than an absurd or infinite count."""
+    total = mean_len * samples
+    if mean_len < 0 or not _fits(total):
+        raise DataError(f"step {step}: {key} = {mean_len!r} is not a mean response length",
+                        where=where)
+    return round(total)
 
 
 @dataclass
@@ -44,15 +68,29 @@ class Converted:
     summary_extra: dict = field(default_factory=dict)
 
 
-def _finite(row: dict) -> dict:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in row.items()}
+def _fits(v) -> bool:
+    """A finite value a float can hold (an int beyond 1.8e308 cannot: analysis reads floats)."""
+    return abs(v) <= sys.float_info.max  # False for NaN and inf; exact for any int
+
+
+def finite_values(row: dict) -> dict:
+    """Non-finite floats, and integers no float can hold, as null ("measured, not finite").
+    Converters apply it to each logged record first, so their arithmetic never overflows."""
+    return {k: (None if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and not _fits(v) else v) for k, v in row.items()}
 
 
 def _check(conv: Converted) -> None:
-    """Counters present and non-decreasing; evaluation rows complete."""
+    """Counters present, in 0..MAX_STEP and samples non-decreasing; evaluation rows complete."""
     if not conv.steps and not conv.evals:
         raise DataError("no training steps or evaluations found", where=str(conv.sources[0]))
+    for row in conv.steps + conv.evals:
+        for key in COUNTERS[:4]:
+            v = row.get(key)
+            if v is not None and not (isinstance(v, (int, float)) and 0 <= v <= MAX_STEP):
+                shown = repr(v) if len(repr(v)) <= 24 else repr(v)[:21] + "..."
+                raise DataError(f"step {row.get('step')}: {key} = {shown} is not a count in "
+                                f"0..{MAX_STEP}", where=str(conv.sources[0]))
     prev = None
     for row in conv.steps:
         for key in ("step", "samples"):
@@ -110,7 +148,7 @@ def build_summary(conv: Converted) -> dict:
     summary["last_eval"] = conv.evals[-1] if conv.evals else None
     summary["ingest"] = {"framework": conv.framework, "step_rows": len(conv.steps),
                          "eval_rows": len(conv.evals), "warnings": list(conv.warnings)}
-    return _finite(summary)
+    return finite_values(summary)
 
 
 def _jsonl(rows: list) -> str:
@@ -134,6 +172,8 @@ def _write_files(tmp: Path, conv: Converted, manifest: dict, summary: dict) -> N
 def write_run(out_dir: str | Path, conv: Converted, force: bool = False) -> dict:
     """Write `conv` to `out_dir` atomically; return the summary written."""
     _check(conv)
+    conv.steps = [finite_values(r) for r in conv.steps]
+    conv.evals = [finite_values(r) for r in conv.evals]
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UserError("output directory exists and is not empty; pass --force to replace it",

@@ -1,0 +1,228 @@
+"""`rlbatch profile` with `profile.strategy: probe`: the decision from short probes.
+
+The full procedure (procedure.py) runs every candidate towards the target; this one spends
+a fraction of that (docs/design.md, Method, "probes"):
+
+1. the decode sweep, as in the full procedure;
+2. the baseline at (B0, eta0), one seed to the target (its N* sets every probe's length);
+3. probes: a second baseline seed and one seed of each candidate (sqrt-scaled, and the
+   fixed-LR control when configured), each stopped after `profile.probe_fraction` x N*_base
+   samples (stop code `probe`; a stopped probe keeps its checkpoint and can be continued);
+4. predictions (analysis/prediction.py): each probe's curve against the baseline's two
+   seeds gives its sample-efficiency ratio r and alignment verdict, its steady-state
+   throughput q, and the time ratio T_cand / T_base = r x q_base / q_cand with an interval;
+5. sequential spending (spending.py): drop what cannot win or departed, extend what is
+   undecided (probes double, up to `profile.probe_max_fraction` x N*_base), then confirm
+   the predicted winner by continuing its probe to the target;
+6. `profile.json`: the decision with what it rests on (predictions, the confirmation), every
+   round of spending, the analysis of all runs (as `rlbatch analyze` gives it), and the cost
+   against one baseline run's time to target and against the exhaustive grid.
+
+Resumable like the full procedure: a re-run finds finished trials and probes already at
+their length, and continues a probe only when spending extends it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from rlbatch.analysis.crossing import run_result
+from rlbatch.analysis.prediction import BaselineCurves, predict
+from rlbatch.analysis.runs import frames_from_runs
+from rlbatch.core.config import Config
+from rlbatch.core.runlog import Run, atomic_write_json, read_run
+from rlbatch.profile.procedure import (
+    Driver,
+    Journal,
+    Progress,
+    _analyze,
+    _baseline_evidence,
+    _cost,
+    _status,
+    _target,
+    candidate_eval_every,
+    choose_concurrency,
+)
+from rlbatch.profile.spending import Candidate, Plan, plan_next
+from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
+
+PROBE_CODE = "probe"
+GRID_SEEDS = 3  # the exhaustive grid the cost is compared with: every configuration, 3 seeds
+
+
+def probe_stop_reason(st: dict, limit: int) -> str | None:
+    """Stop a probe once it has run `limit` samples (unless it already reached the target)."""
+    if st["target"].get("reached") or st["samples"] < limit:
+        return None
+    return f"{PROBE_CODE}: {st['samples']:,} samples, the probe's length {limit:,}"
+
+
+def reopen(trial: Trial) -> None:
+    """Let a stopped probe continue: its STOP file goes, and `rlbatch train --resume` then
+    continues it from its last checkpoint (runstate.open_run)."""
+    (trial.run_dir() / "STOP").unlink(missing_ok=True)
+
+
+def curve_of(run: Run, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = [(r.get("samples"), r.get(metric)) for r in run.evals]
+    rows = [(float(s), float(v)) for s, v in rows
+            if isinstance(s, (int, float)) and isinstance(v, (int, float))]
+    return np.array([s for s, _ in rows]), np.array([v for _, v in rows])
+
+
+def step_increments(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step (samples, training seconds) from the cumulative counters of steps.jsonl."""
+    s = np.array([0.0] + [float(r["samples"]) for r in run.steps])
+    t = np.array([0.0] + [float(r["train_s"]) for r in run.steps])
+    return np.diff(s), np.diff(t)
+
+
+def _measured(trial: Trial, cfg: Config) -> dict:
+    frames = frames_from_runs([read_run(trial.run_dir())])
+    d = str(trial.run_dir())
+    return run_result(frames.run_steps(d), frames.run_evals(d), _target(cfg))
+
+
+def run_probe_profile(cfg: Config, out: str | Path, executor, *,
+                      progress: Progress | None = None, poll_s: float = 0.5) -> dict:
+    out = Path(out)
+    for sub in ("runs", "trials", "logs"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    journal = Journal(out / "journal.jsonl")
+    journal.log("profile_started", config=cfg.name, strategy="probe")
+    prof, runs = cfg.profile, out / "runs"
+    p0 = baseline_prompts(cfg)
+    b_max = max([p0 * 2] + list(prof.prompts_per_step)) * cfg.batch.samples_per_prompt
+    decode = choose_concurrency(cfg, out, journal, b_max)
+    c = decode["chosen"]
+    driver = Driver(cfg, out, executor, journal, progress, poll_s)
+    base = plan_trials(cfg, runs, c, [cfg.seed], kinds=("baseline",))[0]
+    driver.run([base])
+    ev = _baseline_evidence([base], cfg)
+    if ev["problem"]:
+        return _write(cfg, out, driver, decode, None, ev["problem"], [], {})
+    nstar = ev["median_nstar"]
+    every = candidate_eval_every(cfg, nstar)
+    first = max(1, int(prof.probe_fraction * nstar))
+    cap = max(first, int(prof.probe_max_fraction * nstar))
+    base_probe = plan_trials(cfg, runs, c, [cfg.seed + 1], kinds=("baseline",))[0]
+    cands = plan_trials(cfg, runs, c, [cfg.seed], kinds=("sqrt", "control"), eval_every=every)
+    family = [t for t in cands if t.kind == "sqrt"]
+    limits = {t.name: first for t in [base_probe, *cands]}
+    journal.log("probing", nstar_base=nstar, first=first, cap=cap, eval_every=every)
+    rounds: list[dict] = []
+    dropped: set[str] = set()
+    while True:
+        todo = [t for t in [base_probe, *cands] if t.name not in dropped]
+        for t in todo:
+            if _status(t)["samples"] < limits[t.name]:
+                reopen(t)
+        driver.run(todo, lambda st: probe_stop_reason(st, limits[st["trial"]]))
+        preds = _predictions(cfg, base, base_probe, cands)
+        plan = plan_next([Candidate(t.name, _status(t)["samples"], preds[t.name])
+                          for t in family if t.name not in dropped], cap=cap)
+        rounds.append(_round(plan, preds, limits))
+        journal.log("spending", **rounds[-1]["plan"])
+        dropped |= set(plan.drop)
+        if not plan.extend:
+            break
+        limits.update(plan.extend)
+    if plan.confirm:
+        winner = next(t for t in family if t.name == plan.confirm)
+        reopen(winner)
+        journal.log("confirming", trial=winner.name)
+        driver.run([winner])
+        t_win = _measured(winner, cfg)["time_to_target"]
+        ratio = t_win / ev["median_time"] if t_win is not None else float("inf")
+        plan = plan_next([Candidate(winner.name, _status(winner)["samples"],
+                                    preds[winner.name], measured_ratio=ratio)], cap=cap)
+        rounds.append(_round(plan, preds, limits, measured={winner.name: ratio}))
+        journal.log("spending", **rounds[-1]["plan"])
+    decision = _decision(cfg, base, family, plan, preds, ev, c)
+    return _write(cfg, out, driver, decode, decision, None, rounds, preds, base=base)
+
+
+def _predictions(cfg: Config, base: Trial, base_probe: Trial, cands: list[Trial]) -> dict:
+    metric = cfg.target.metric
+    b_run, p_run = read_run(base.run_dir()), read_run(base_probe.run_dir())
+    measured = _measured(base, cfg)
+    curves = BaselineCurves([curve_of(b_run, metric), curve_of(p_run, metric)],
+                            [measured["samples_to_target"]])
+    out = {}
+    for t in cands:
+        run = read_run(t.run_dir())
+        out[t.name] = predict(curves, curve_of(run, metric), step_increments(run),
+                              base_steps=step_increments(b_run), margin=cfg.profile.margin)
+        out[t.name].update(kind=t.kind, sequences_per_step=t.sequences_per_step,
+                           lr=t.config.actor_lr, samples=_status(t)["samples"])
+    return out
+
+
+def _round(plan: Plan, preds: dict, limits: dict, measured: dict | None = None) -> dict:
+    return {"plan": {"extend": plan.extend, "drop": plan.drop, "open": plan.open,
+                     "confirm": plan.confirm, "outcome": plan.outcome, "winner": plan.winner,
+                     "measured_ratio": measured or {}},
+            "predicted_ratio": {k: p["time_ratio"] for k, p in preds.items()},
+            "limits": dict(limits)}
+
+
+def _decision(cfg: Config, base: Trial, family: list[Trial], plan: Plan, preds: dict,
+              ev: dict, concurrency: int) -> dict:
+    """The configuration to use and what the choice rests on."""
+    chosen = next((t for t in family if t.name == plan.winner), base)
+    pred = preds.get(chosen.name) if chosen is not base else None
+    return {"trial": chosen.name, "is_reference": chosen is base,
+            "prompts_per_step": chosen.prompts_per_step,
+            "samples_per_prompt": cfg.batch.samples_per_prompt,
+            "sequences_per_step": chosen.sequences_per_step, "lr": chosen.config.actor_lr,
+            "generation_concurrency": concurrency, "outcome": plan.outcome,
+            "evidence": "probes" + (" + one seed to the target" if pred else ""),
+            "predicted_time_ratio": pred["time_ratio"] if pred else None,
+            "predicted_time_ratio_ci": pred["time_ratio_ci"] if pred else None,
+            "baseline_time_to_target": ev["median_time"],
+            "rule": "lowest predicted T / T_base among candidates aligned with the baseline "
+                    "whose whole ratio interval is below 1 (failing that, the undecided one "
+                    "with the lowest point ratio below 1), confirmed by running it to the "
+                    "target (measured ratio < 1); otherwise keep the baseline"}
+
+
+def _grid_cost(trials: list[dict], preds: dict, base_time: float | None) -> float | None:
+    """What every configuration to the target with GRID_SEEDS seeds would have cost: each
+    configuration's measured time to target where it reached it, else its predicted one."""
+    if base_time is None:
+        return None
+    per_config: dict[str, float] = {"base": base_time}
+    for t in trials:
+        if t["kind"] == "baseline":
+            continue
+        reached = t["target"].get("train_s") if t["target"].get("reached") else None
+        pred = (preds.get(t["trial"]) or {}).get("time_ratio")
+        guess = reached if reached is not None else (pred * base_time if pred else None)
+        if guess is not None:
+            per_config[t["trial"]] = guess
+    return GRID_SEEDS * sum(per_config.values())
+
+
+def _write(cfg: Config, out: Path, driver: Driver, decode: dict, decision: dict | None,
+           problem: str | None, rounds: list[dict], preds: dict, base: Trial | None = None
+           ) -> dict:
+    trials = [_status(t) for t in driver.all]
+    result = _analyze(cfg, out, base) if base is not None else None
+    cost = _cost(trials, decode, result)
+    grid = _grid_cost(trials, preds, cost["baseline_time_to_target_s"])
+    cost.update(grid_estimate_s=grid,
+                fraction_of_grid=cost["total_s"] / grid if grid else None)
+    base_times = [t["target"].get("train_s") for t in trials
+                  if t["kind"] == "baseline" and t["target"].get("reached")]
+    doc = {"config": cfg.name, "strategy": "probe", "target": _target(cfg).as_dict(),
+           "problem": problem, "decision": decision, "decode": decode, "trials": trials,
+           "predictions": preds, "rounds": rounds, "cost": cost, "analysis": result,
+           "baseline_times": base_times,
+           "baseline_time_median": statistics.median(base_times) if base_times else None}
+    atomic_write_json(out / "profile.json", doc)
+    driver.journal.log("profile_finished", decision=None if decision is None
+                       else decision["trial"])
+    return doc

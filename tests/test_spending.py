@@ -1,0 +1,94 @@
+"""Sequential spending (profile/spending.py) on constructed predictions: drops, extensions,
+confirmation of the predicted winner, and that the loop always stops."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlbatch.profile.spending import Candidate, plan_next
+
+CAP = 8192
+
+
+def pred(t, lo, hi, verdict="aligned", problem=None):
+    """A prediction with time ratio t (T_cand / T_base) in [lo, hi]."""
+    return {"time_ratio": t, "time_ratio_ci": [lo, hi], "verdict": verdict, "problem": problem}
+
+
+def test_slower_and_departed_candidates_are_dropped_and_the_baseline_kept():
+    plan = plan_next([
+        Candidate("B128", 2048, pred(1.5, 1.2, 1.8)),  # slower even at its best
+        Candidate("B256", 2048, pred(0.6, 0.5, 0.7, verdict="departed")),  # fast but not aligned
+    ], cap=CAP)
+    assert set(plan.drop) == {"B128", "B256"}
+    assert "cannot win" in plan.drop["B128"] and "departed" in plan.drop["B256"]
+    assert plan.outcome == "keep_baseline" and not plan.extend and plan.confirm is None
+
+
+def test_undecided_candidates_are_extended_up_to_the_cap_then_left_open():
+    cands = [Candidate("B128", 2048, pred(0.95, 0.7, 1.3, verdict="inconclusive")),
+             Candidate("B256", 1024, None),  # no prediction yet
+             Candidate("B512", 6000, pred(0.98, 0.85, 1.15))]  # aligned, overlaps the baseline
+    plan = plan_next(cands, cap=CAP)
+    assert plan.extend == {"B128": 4096, "B256": 2048, "B512": CAP}
+    assert plan.outcome is None and plan.confirm is None
+    at_cap = [Candidate(c.config, CAP, c.prediction) for c in cands]
+    plan = plan_next(at_cap, cap=CAP)
+    # nothing settled below 1: the lowest point ratio below 1 among the open ones is measured
+    assert not plan.extend and plan.confirm == "B128" and set(plan.open) == {"B256", "B512"}
+    slower = [Candidate("B128", CAP, pred(1.02, 0.8, 1.3, verdict="inconclusive")),
+              Candidate("B512", CAP, pred(1.05, 0.9, 1.2))]
+    plan = plan_next(slower, cap=CAP)
+    assert plan.outcome == "keep_baseline" and plan.confirm is None
+    assert set(plan.open) == {"B128", "B512"}
+
+
+def test_the_predicted_winner_is_confirmed_then_established_or_ruled_out():
+    cands = [Candidate("B128", 2048, pred(0.8, 0.7, 0.88)),
+             Candidate("B256", 2048, pred(0.7, 0.6, 0.85)),  # lowest predicted T
+             Candidate("B512", 2048, pred(1.4, 1.25, 1.6))]
+    plan = plan_next(cands, cap=CAP)
+    assert plan.confirm == "B256" and plan.outcome is None
+    assert plan.drop == {"B512": plan.drop["B512"]}
+    done = [Candidate("B256", 30000, cands[1].prediction, measured_ratio=0.72)]
+    plan = plan_next(done, cap=CAP)
+    assert plan.finished and plan.outcome == "established" and plan.winner == "B256"
+    slow = [Candidate("B256", 30000, cands[1].prediction, measured_ratio=1.05)]
+    plan = plan_next(slow, cap=CAP)
+    assert plan.outcome == "ruled_out" and plan.winner is None
+
+
+def test_a_prediction_with_a_problem_is_extended_not_trusted():
+    plan = plan_next([Candidate("B128", 512, pred(
+        0.5, 0.4, 0.6, problem="the probe has 1 evaluation(s)"))], cap=CAP)
+    assert plan.extend == {"B128": 1024} and plan.confirm is None
+
+
+intervals = st.tuples(st.floats(0.1, 3.0), st.floats(0.0, 0.5), st.floats(0.0, 0.5),
+                      st.sampled_from(["aligned", "departed", "inconclusive"]))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(intervals, min_size=1, max_size=6), st.integers(256, 4096))
+def test_spending_always_stops(specs, start):
+    """Whatever the predictions say, applying the plan (probes grow, predictions unchanged)
+    ends in a confirmation or a final outcome within log2(CAP / start) + 2 rounds."""
+    cands = [Candidate(f"c{i}", start, pred(t, t * (1 - a), t * (1 + b), v))
+             for i, (t, a, b, v) in enumerate(specs)]
+    bound = math.ceil(math.log2(CAP / start)) + 2
+    for _ in range(bound):
+        plan = plan_next(cands, cap=CAP)
+        if plan.finished or plan.confirm:
+            break
+        assert plan.extend, "neither extending, confirming nor finished"
+        cands = [Candidate(c.config, plan.extend.get(c.config, c.samples), c.prediction)
+                 for c in cands if c.config not in plan.drop]
+    else:
+        raise AssertionError("did not stop")
+    if plan.confirm:
+        chosen = next(c for c in cands if c.config == plan.confirm)
+        assert chosen.prediction["verdict"] != "departed"
+        assert chosen.prediction["time_ratio"] < 1.0
