@@ -156,6 +156,21 @@ def _minibatches(n: int, minibatches: int, generator: torch.Generator) -> list[t
     return list(perm.chunk(minibatches))
 
 
+def _walk(batch, epochs: int, minibatches: int, generator: torch.Generator, optimizer,
+          lrs: list[float] | None, noise, params, micro: int):
+    """The optimizer minibatches of one update, as both the actor and the critic walk them:
+    per epoch a fresh split, each minibatch's LR set, then (indices, its response tokens (the
+    loss normaliser), the noise probe when this minibatch feeds one, its micro-batches:
+    ordered by length unless probed)."""
+    lengths = batch.real_lengths()  # (N,)
+    for epoch in range(epochs):
+        for m, idx in enumerate(_minibatches(len(batch), minibatches, generator)):
+            _set_lr(optimizer, lrs, epoch * minibatches + m)
+            tokens = float(batch.response_mask[idx].sum())
+            probe = _NoiseProbe.maybe(noise, params, len(idx), micro)
+            yield idx, tokens, probe, micro_batches(idx, lengths, micro, by_length=probe is None)
+
+
 def _zero_fill(params) -> None:
     """Zero gradients for a minibatch whose every row was skipped (see the module docstring)."""
     for p in params:
@@ -244,31 +259,27 @@ def actor_update(model, optimizer, batch: SeqBatch, old_logp: torch.Tensor,
     totals = _ActorTotals()
     kl_on = ref_logp is not None and kl_coef > 0
     skip = zero_gradient_rows(advantages, batch.response_mask, kl_on)  # (N,) bool
-    lengths = batch.real_lengths()  # (N,)
     opts = {"temperature": temperature, "clip_low": clip_low, "clip_high": clip_high,
             "kl_coef": kl_coef, "diagnostics": diagnostics}
     model.train()
-    for epoch in range(epochs):
-        for m, idx in enumerate(_minibatches(len(batch), minibatches, generator)):
-            _set_lr(optimizer, lrs, epoch * minibatches + m)
-            tokens = float(batch.response_mask[idx].sum())
-            probe = _NoiseProbe.maybe(noise, params, len(idx), micro)
-            sums = _ActorSums()
-            for chunk in micro_batches(idx, lengths, micro, by_length=probe is None):
-                live = chunk[~skip[chunk]]
-                if len(live):
-                    sums.add(_actor_micro(model, batch.rows(live).trimmed(), old_logp[live],
-                                          advantages[live], ref_logp[live] if kl_on else None,
-                                          tokens, **opts))
-                if probe is not None:
-                    probe.after_micro(float(batch.response_mask[chunk].sum()) / tokens,
-                                      len(chunk))
-            if bool(skip[idx].all()):
-                _zero_fill(params)
-            _feed_noise(probe, noise, len(idx), res)
-            norm = _step(params, optimizer, sums.loss, max_grad_norm, res)
-            if norm is not None:
-                totals.add(sums, norm)
+    for idx, tokens, probe, chunks in _walk(batch, epochs, minibatches, generator, optimizer,
+                                            lrs, noise, params, micro):
+        sums = _ActorSums()
+        for chunk in chunks:
+            live = chunk[~skip[chunk]]
+            if len(live):
+                sums.add(_actor_micro(model, batch.rows(live).trimmed(), old_logp[live],
+                                      advantages[live], ref_logp[live] if kl_on else None,
+                                      tokens, **opts))
+            if probe is not None:
+                probe.after_micro(float(batch.response_mask[chunk].sum()) / tokens,
+                                  len(chunk))
+        if bool(skip[idx].all()):
+            _zero_fill(params)
+        _feed_noise(probe, noise, len(idx), res)
+        norm = _step(params, optimizer, sums.loss, max_grad_norm, res)
+        if norm is not None:
+            totals.add(sums, norm)
     res.stats = totals.stats(diagnostics)
     res.stats["actor/zero_grad_skipped"] = float(skip.float().mean())
     if noise is not None and noise.count:
@@ -321,26 +332,22 @@ def critic_update(critic, optimizer, batch: SeqBatch, old_values: torch.Tensor,
     res = UpdateResult()
     tot_loss = tot_norm = 0.0
     steps = 0
-    lengths = batch.real_lengths()  # (N,)
     critic.train()
-    for epoch in range(epochs):
-        for m, idx in enumerate(_minibatches(len(batch), minibatches, generator)):
-            _set_lr(optimizer, lrs, epoch * minibatches + m)
-            tokens = float(batch.response_mask[idx].sum())
-            probe = _NoiseProbe.maybe(noise, params, len(idx), micro)
-            loss_sum = 0.0
-            for chunk in micro_batches(idx, lengths, micro, by_length=probe is None):
-                b = batch.rows(chunk).trimmed()
-                loss_sum += _critic_micro(critic, b, old_values[chunk], returns[chunk], tokens,
-                                          value_clip)
-                if probe is not None:
-                    probe.after_micro(float(b.response_mask.sum()) / tokens, len(chunk))
-            _feed_noise(probe, noise, len(idx), res)
-            norm = _step(params, optimizer, loss_sum, max_grad_norm, res)
-            if norm is not None:
-                tot_loss += loss_sum
-                tot_norm += norm
-                steps += 1
+    for idx, tokens, probe, chunks in _walk(batch, epochs, minibatches, generator, optimizer,
+                                            lrs, noise, params, micro):
+        loss_sum = 0.0
+        for chunk in chunks:
+            b = batch.rows(chunk).trimmed()
+            loss_sum += _critic_micro(critic, b, old_values[chunk], returns[chunk], tokens,
+                                      value_clip)
+            if probe is not None:
+                probe.after_micro(float(b.response_mask.sum()) / tokens, len(chunk))
+        _feed_noise(probe, noise, len(idx), res)
+        norm = _step(params, optimizer, loss_sum, max_grad_norm, res)
+        if norm is not None:
+            tot_loss += loss_sum
+            tot_norm += norm
+            steps += 1
     res.stats = {"critic/loss": tot_loss / steps if steps else float("nan"),
                  "critic/grad_norm": tot_norm / steps if steps else float("nan"),
                  "critic/explained_variance": explained_variance(old_values, returns,
