@@ -142,6 +142,14 @@ def _finished_logs(out: Path) -> dict[str, str]:
     return done
 
 
+def _resume_points(out: Path) -> list[str]:
+    """The checkpoints of the trials a kill left unfinished (what their re-run resumes from)."""
+    return sorted(f"{c.parent.parent.name}/{c.name}"
+                  for run in (out / "runs").glob("*/summary.json")
+                  if json.loads(run.read_text()).get("status") not in FINISHED
+                  for c in run.parent.glob("checkpoints/step-*"))
+
+
 def _point_fired(point: tuple, out: Path, events: list[dict]) -> bool | None:
     """Whether a profile kill point has come (None: it can no longer come in this process).
     Points: ("sweep",) while the decode sweep runs; ("trial", name, rows) once trial `name`
@@ -161,8 +169,8 @@ def _point_fired(point: tuple, out: Path, events: list[dict]) -> bool | None:
 def _kill_profile(out: Path, points: list[tuple], rng: np.random.Generator) -> list[dict]:
     """Run the profile, SIGKILL it (with its trial process) at each point that comes, re-run
     it after each kill, and let the last re-run finish. Returns, per kill, its point, the
-    logs of the trials finished by then, the journal's length then, and whether the decode
-    sweep had been saved."""
+    logs of the trials finished by then, the journal's length then, whether the decode
+    sweep had been saved, and the checkpoints the killed trial can resume from."""
     kills, points = [], list(points)
     while True:
         restart = len(_journal(out))
@@ -180,8 +188,7 @@ def _kill_profile(out: Path, points: list[tuple], rng: np.random.Generator) -> l
                         kills.append({"point": points.pop(0), "finished": _finished_logs(out),
                                       "journal": len(_journal(out)),
                                       "swept": (out / "decode.json").exists(),
-                                      "checkpoints": sorted(p.name for p in out.glob(
-                                          "runs/*/checkpoints/step-*"))})
+                                      "resumes_from": _resume_points(out)})
                         fired = True
                     break
                 time.sleep(0.02)
@@ -214,7 +221,7 @@ def test_profile_killed_in_its_sweep_and_trials_reruns_nothing_finished(tiny_mod
         assert reference.wait(timeout=PROFILE_TIMEOUT) == 0, "the reference profile failed"
     finally:
         kill(reference)
-    print(f"kill seed {KILL_SEED}: {[(k['point'], k['checkpoints']) for k in kills]}")
+    print(f"kill seed {KILL_SEED}: {[(k['point'], k['resumes_from']) for k in kills]}")
     assert [k["point"] for k in kills] == points
     assert not kills[0]["swept"]  # killed inside the sweep
     events = _journal(out)
