@@ -60,6 +60,25 @@ def render_table(doc: dict) -> Table:
     return table
 
 
+def probe_table(doc: dict) -> Table:
+    """Predicted (probe) against measured (runs to the target) time to target."""
+    from rlbatch.report.text import PROBE_CHECK_HEADER, probe_check_rows
+
+    labels = short_labels(doc["configs"])
+    table = Table(title="probe predictions against runs to the target (T in training s)")
+    for i, col in enumerate(PROBE_CHECK_HEADER):
+        table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
+    for row in probe_check_rows(doc["probe_check"], labels):
+        table.add_row(*row)
+    return table
+
+
+def probe_check_lines(check: dict) -> list[str]:
+    from rlbatch.report.text import probe_check_summary
+
+    return probe_check_summary(check)
+
+
 def summary_lines(doc: dict) -> list[str]:
     """The plain-text lines printed under the table."""
     cb = doc["critical_batch"]
@@ -86,10 +105,15 @@ def analyze(
     bootstrap: int = typer.Option(2000, help="bootstrap resamples"),
     seed: int = typer.Option(0, help="bootstrap seed"),
     smooth: int = typer.Option(1, help="trailing mean over this many evaluations (1 = none)"),
+    probes: str | None = typer.Option(
+        None, help="probe profile directory (`rlbatch profile --strategy probe`): set its "
+                   "predicted time to target beside the measured one of every configuration "
+                   "that these runs took to the target"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document (last line)"),
 ) -> None:
     """Samples and time to target per configuration, invariance verdicts vs the reference,
-    critical batch (departure sense) and the recommended configuration."""
+    critical batch (departure sense) and the recommended configuration; with --probes, a
+    probe profile's predictions against these measurements."""
     from rlbatch.analysis.analyze import analyze as run_analysis
     from rlbatch.analysis.analyze import config_target
     from rlbatch.analysis.crossing import parse_target
@@ -99,8 +123,15 @@ def analyze(
         tgt = config_target(load_runs(list(paths)))
     else:
         tgt = parse_target(target)
+    probe_profile = None
+    if probes is not None:
+        from rlbatch.report.inputs import read_probe_profile
+        probe_profile = read_probe_profile(probes)
     doc = run_analysis(list(paths), tgt, reference_run=reference, margin=margin, ci=ci,
                        n_boot=bootstrap, seed=seed, smooth=smooth)
+    if probe_profile is not None:
+        from rlbatch.analysis.probe_check import check_predictions
+        doc["probe_check"] = check_predictions(doc, *probe_profile)
     for w in doc["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     if as_json:
@@ -110,6 +141,10 @@ def analyze(
     console.print(render_table(doc))
     for line in summary_lines(doc):
         console.print(line, highlight=False, markup=False)
+    if "probe_check" in doc:
+        console.print(probe_table(doc))
+        for line in probe_check_lines(doc["probe_check"]):
+            console.print(line, highlight=False, markup=False)
 
 
 

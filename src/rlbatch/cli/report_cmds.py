@@ -18,13 +18,17 @@ def report(
         None, help="METRIC=VALUE; default: the profile's or the runs' config target"),
     reference: str | None = typer.Option(None, help="run directory of the reference "
                                                        "configuration (default: B == B0)"),
+    probes: str | None = typer.Option(
+        None, help="probe profile directory: its predicted time to target beside the "
+                   "measured one of every configuration these runs took to the target"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document (last line)"),
 ) -> None:
     """Report the decision, invariance curves, N* and T against B, the decision rule, the
     decode sweep, phase times, noise scale, the fixed-LR control and every run."""
     from rlbatch.report.build import build_report
 
-    result = build_report(list(paths), output, fmt, target=target, reference=reference)
+    result = build_report(list(paths), output, fmt, target=target, reference=reference,
+                          probes=probes)
     for w in result["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     if as_json:

@@ -64,6 +64,17 @@ def _runs(data: dict) -> str:
     return _table(text.RUN_HEADER, rows, numeric=(4, 5, 6, 7))
 
 
+def _probe_check(data: dict) -> str:
+    check = data.get("probe_check")
+    if not check:
+        return ""
+    lines = "".join(f"<li>{esc(x)}</li>" for x in text.probe_check_summary(check))
+    table = _table(text.PROBE_CHECK_HEADER, text.probe_check_rows(check),
+                   numeric=tuple(range(1, 8)))
+    return (f'<section id="probe_check"><h2>{esc(text.PROBE_CHECK_TITLE)}</h2>'
+            f"<ul>{lines}</ul>{table}</section>")
+
+
 def render_html(data: dict, images: dict[str, bytes]) -> str:
     """The report page from report data (analysis.figures.report_data) and figure PNGs."""
     title = "rlbatch report" + (f": {data['title']}" if data.get("title") else "")
@@ -86,6 +97,7 @@ def render_html(data: dict, images: dict[str, bytes]) -> str:
 <section id="summary"><h2>Summary</h2><ul>{summary}</ul>
 {_table(text.CONFIG_HEADER, text.config_rows(data), numeric=(2, 3, 4, 5, 6))}</section>
 {figures}
+{_probe_check(data)}
 <section id="runs"><h2>Runs</h2>{_runs(data)}</section>
 <section id="warnings"><h2>Warnings</h2><ul>{warnings or '<li>none</li>'}</ul></section>
 </body>

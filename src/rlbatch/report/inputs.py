@@ -145,6 +145,30 @@ def read_profile(path: Path) -> dict:
     return doc
 
 
+_PREDICTION = Shape((dict,), True, {k: _OPT_NUM for k in (
+    "time_to_target", "time_ratio", "sequences_per_step", "lr", "samples")} | {
+    k: Shape((list,) + _NULL, items=Shape(_NUM + _NULL)) for k in (
+        "time_to_target_ci", "time_ratio_ci")})
+
+
+def read_probe_profile(path: str | Path) -> tuple[dict, str]:
+    """profile.json of a probe profile (`rlbatch profile --strategy probe`) and its path:
+    the `PROFILE` shape, `strategy: probe` and every prediction's keys checked."""
+    path = Path(path)
+    where = str(path / "profile.json")
+    if not (path / "profile.json").is_file():
+        raise DataError("no profile.json here (give a profile directory)", where=str(path))
+    doc = read_profile(path)
+    if doc.get("strategy") != "probe":
+        raise DataError("not a probe profile ('strategy' is not 'probe'); profile with "
+                        "`rlbatch profile --strategy probe`", where=where)
+    preds = doc.get("predictions")
+    check_shape(preds, Shape((dict,), True), "predictions", where)
+    for name, pred in preds.items():
+        check_shape(pred, _PREDICTION, f"predictions.{name}", where)
+    return doc, where
+
+
 def _relocate(doc: dict, profile_dir: Path) -> list[str]:
     """Point each run of the stored analysis at a folder that exists (as recorded, else
     <profile>/runs/<name>); returns the existing run folders."""

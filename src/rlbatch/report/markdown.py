@@ -46,6 +46,11 @@ def render_markdown(data: dict, files: dict[str, str]) -> str:
     lines += _table(text.CONFIG_HEADER, text.config_rows(data)) + [""]
     for key in data["titles"]:
         lines += _figure(key, data, files.get(key))
+    check = data.get("probe_check")
+    if check:
+        lines += [f"## {md(text.PROBE_CHECK_TITLE)}", ""]
+        lines += [f"- {md(s)}" for s in text.probe_check_summary(check)] + [""]
+        lines += _table(text.PROBE_CHECK_HEADER, text.probe_check_rows(check)) + [""]
     rows = [[(f"[{md(r['run_id'])}]({quote(r['link'])})",)] + text.run_cells(r)
             for r in data["runs"]]
     lines += ["## Runs", ""] + _table(text.RUN_HEADER, rows) + [""]

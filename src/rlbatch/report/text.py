@@ -174,3 +174,39 @@ def figure_extra(key: str, fig: dict | list) -> str:
         return (f"Engine {fig['engine']} on {fig['device']}; sweep stopped by "
                 f"{fig['stopped_by']}.")
     return ""
+
+
+PROBE_CHECK_TITLE = "Probe predictions against runs to the target"
+PROBE_CHECK_HEADER = ["config", "probe samples", "predicted T", "measured T (seeds)",
+                      "T error", "predicted T/T_ref", "measured T/T_ref", "ratio error"]
+
+
+def probe_check_rows(check: dict, labels: dict | None = None) -> list[list[str]]:
+    """One row per configuration with both a probe prediction and runs to the target."""
+    labels = labels or {}
+
+    def signed(x):
+        return "-" if x is None else f"{100 * x:+.0f}%"
+
+    return [[labels.get(r["config"], r["config"]), num(r["probe_samples"]),
+             f"{num(r['predicted_time'])} {interval(r['predicted_time_ci'])}",
+             f"{num(r['measured_time'])} {interval(r['measured_time_ci'])} ({r['seeds']})",
+             signed(r["time_error"]),
+             f"{num(r['predicted_ratio'])} {interval(r['predicted_ratio_ci'])}",
+             num(r["measured_ratio"]), signed(r["ratio_error"])] for r in check["rows"]]
+
+
+def probe_check_summary(check: dict) -> list[str]:
+    s, d = check["summary"], check["decision"]
+    inside, n = s["measured_inside_interval"]
+    lines = [(f"probe predictions compared: {s['compared']}; median |T error| "
+              f"{pct(s['median_abs_time_error'])}, median |T-ratio error| "
+              f"{pct(s['median_abs_ratio_error'])}; measured T inside the predicted interval "
+              f"for {inside} of {n}")]
+    if check["unmatched"]:
+        lines.append("predictions without runs to the target here: "
+                     + ", ".join(check["unmatched"]))
+    if d["probe"] is not None:
+        lines.append(f"decision: probe profile {d['probe']}, these runs {d['analysis']} "
+                     f"({'the same' if d['same'] else 'different'})")
+    return lines
