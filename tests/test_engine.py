@@ -15,6 +15,7 @@ import torch
 
 from rlbatch.cli.main import main
 from rlbatch.core.errors import ConfigError
+from rlbatch.rollout import builtin_engine
 from rlbatch.rollout.builtin_engine import REFILL_DIVISOR, BuiltinEngine
 from rlbatch.rollout.decode_bench import (
     BenchSpec,
@@ -107,6 +108,39 @@ def test_freed_slots_are_refilled_in_groups():
     assert 1 < out.timing["prefills"] <= 1 + math.ceil((96 - C) / group)
     assert all(r in ("eos", "length") for r in out.finish_reasons)
     assert (out.lengths >= 1).all()
+
+
+def test_idle_slots_ride_along_without_changing_any_sample(monkeypatch):
+    """A decode step with most slots busy computes all C rows (PAD_MIN_SHARE) instead of
+    gathering the busy rows' caches; the idle rows' outputs are dropped and no random draw
+    is spent on them, so sampled tokens are the gather path's and log-probs agree."""
+    model, max_new = small_llama(), 12
+    prompts = random_prompts(96, seed=4)
+    eos = pick_eos(model, prompts, max_new)
+    params = SamplingParams(max_new_tokens=max_new, temperature=1.0)
+    padded_steps = []
+    real_forward = BuiltinEngine._forward
+
+    def counting_forward(self, ids, *args, step=None, **kw):
+        # an idle row decodes at position 0; a busy one never does (prompts have >= 2 tokens)
+        if step is not None and bool((step.pos == 0).any()):
+            padded_steps.append((ids.shape[0], int((step.pos > 0).sum())))
+        return real_forward(self, ids, *args, step=step, **kw)
+
+    def run(share):
+        monkeypatch.setattr(builtin_engine, "PAD_MIN_SHARE", share)
+        return BuiltinEngine(model, [eos], PAD).generate(
+            prompts, params, 32, generator=torch.Generator().manual_seed(0))
+
+    monkeypatch.setattr(BuiltinEngine, "_forward", counting_forward)
+    gathered = run(2.0)  # never pad: the gather path
+    assert padded_steps == []
+    padded = run(0.5)
+    assert len(padded_steps) > 10
+    assert all(rows == 32 and 16 <= busy < 32 for rows, busy in padded_steps)
+    assert rows_of(padded) == rows_of(gathered)
+    assert padded.finish_reasons == gathered.finish_reasons
+    assert torch.allclose(padded.logprobs, gathered.logprobs, atol=1e-5, rtol=0)
 
 
 # ---- acceptance 1: greedy tokens equal transformers generate ----

@@ -33,6 +33,12 @@ LOW_CONCURRENCY = 8
 # cost is about a decode step's, and refilling each slot the moment it frees would add one
 # such pass per retired sequence when B > C. A few slots idle for a few steps instead.
 REFILL_DIVISOR = 8
+# A decode step with at least this share of the C slots active computes all C rows (idle
+# rows at position 0, their outputs dropped) instead of gathering the active rows' KV cache:
+# the gather copies every active row's cache in every layer at every step, which cost more
+# than the idle rows' arithmetic while most slots are busy (grouped refills leave a few
+# slots idle for a few steps). Below it (the rollout's tail) the active rows are gathered.
+PAD_MIN_SHARE = 0.5
 
 
 def _linear(mod, x: torch.Tensor) -> torch.Tensor:
@@ -211,21 +217,27 @@ class BuiltinEngine:
     def _decode_step(self, active, C, slot_pos, next_tok, caches, cos_tab, sin_tab, pos_all,
                      params, generator, slot_seq, responses, logps) -> torch.Tensor:
         device = next_tok.device
-        full = len(active) == C
-        positions = [slot_pos[s] for s in active]
+        full = len(active) == C or len(active) >= PAD_MIN_SHARE * C
+        padded = full and len(active) < C  # idle slots ride along at position 0
+        positions = [slot_pos[s] if slot_seq[s] >= 0 else 0 for s in range(C)] if full \
+            else [slot_pos[s] for s in active]
         width = max(positions) + 1
         rows = torch.tensor(active, device=device)
-        pos = torch.tensor(positions, device=device)  # (n,)
-        lockstep = positions[0] if full and min(positions) == width - 1 else None
-        bias = torch.zeros(len(active), 1, 1, width, device=device, dtype=cos_tab.dtype)
+        pos = torch.tensor(positions, device=device)  # (n,): C rows when full
+        lockstep = positions[0] if full and not padded and min(positions) == width - 1 \
+            else None
+        bias = torch.zeros(len(positions), 1, 1, width, device=device, dtype=cos_tab.dtype)
         bias.masked_fill_(pos_all[None, None, None, :width] > pos[:, None, None, None],
                           float("-inf"))  # (n, 1, 1, W) additive mask
-        step = _Step(rows, pos, width, bias, full, lockstep)
+        step = _Step(torch.arange(C, device=device) if full else rows, pos, width, bias, full,
+                     lockstep)
         cur = next_tok if full else next_tok[rows]
         logits = self._forward(cur[:, None], cos_tab[pos][:, None], sin_tab[pos][:, None],
                                caches, None, step=step)
+        if padded:
+            logits = logits[rows]
         tok, lp = sample_next(logits, params, generator)
-        if full:
+        if full and not padded:
             next_tok.copy_(tok)
         else:
             next_tok[rows] = tok
