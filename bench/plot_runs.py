@@ -29,7 +29,7 @@ def main() -> None:
         rows = [e for e in run.evals if e.get(args.metric) is not None]
         der = run.config.get("derived", {})
         label = (f"{run.config.get('algorithm')} B={der.get('sequences_per_step')} "
-                 f"lr={der.get('actor_lr', 0):.3g} {run.config.get('optimizer', {}).get('lr_scaling')}")
+                 f"lr={der.get('actor_lr', 0):.3g} {run.config.get('optimizer', {}).get('lr_scaling')} seed {run.config.get('seed')}")
         xs, ys = [e["samples"] for e in rows], [e[args.metric] for e in rows]
         ax.plot(xs, ys, marker="o", ms=3, label=label)
         print(f"\n{label} ({d.name})\n\n| samples | train_s | {args.metric} |\n|---:|---:|---:|")
