@@ -55,11 +55,15 @@ def write_sweep(root):
     return root
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def make_sweep(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "fsync", lambda fd: None)  # speed only: RunWriter fsyncs every row
         return write_sweep(tmp_path_factory.mktemp("sweep"))
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return make_sweep(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -4,17 +4,15 @@ samples/s, so every measured T is known exactly)."""
 
 import json
 import math
-import os
 
 import pytest
 
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
 from rlbatch.analysis.probe_check import check_predictions
-from rlbatch.cli.main import main
 from rlbatch.core.errors import DataError
 from rlbatch.report.html import _probe_check
-from test_analysis_cli import ACC, SWEEP, write_sweep
+from test_analysis_cli import ACC, SWEEP, make_sweep, run_cli
 
 
 def lr(b):
@@ -50,9 +48,7 @@ def probe_profile(decision_b=512):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(os, "fsync", lambda fd: None)  # speed only: RunWriter fsyncs every row
-        return write_sweep(tmp_path_factory.mktemp("sweep"))
+    return make_sweep(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +96,6 @@ def test_a_wrong_lr_does_not_match(doc):
 def test_not_a_probe_profile_is_a_data_error(doc):
     with pytest.raises(DataError, match="not a probe profile"):
         check_predictions(doc, {"strategy": "full", "predictions": {}})
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def write_profile(d, prof):

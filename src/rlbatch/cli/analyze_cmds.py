@@ -73,12 +73,6 @@ def probe_table(doc: dict) -> Table:
     return table
 
 
-def probe_check_lines(check: dict) -> list[str]:
-    from rlbatch.report.text import probe_check_summary
-
-    return probe_check_summary(check)
-
-
 def summary_lines(doc: dict) -> list[str]:
     """The plain-text lines printed under the table."""
     cb = doc["critical_batch"]
@@ -143,7 +137,9 @@ def analyze(
         console.print(line, highlight=False, markup=False)
     if "probe_check" in doc:
         console.print(probe_table(doc))
-        for line in probe_check_lines(doc["probe_check"]):
+        from rlbatch.report.text import probe_check_summary
+
+        for line in probe_check_summary(doc["probe_check"]):
             console.print(line, highlight=False, markup=False)
 
 
