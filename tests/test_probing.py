@@ -74,10 +74,10 @@ def test_probe_profile_resumes_and_confirms_the_predicted_winner(probed):
     assert samples == sorted(set(samples))  # one row per step, no step logged twice
     spend = [e for e in events if e["event"] == "spending"]
     assert spend[0]["confirm"] == "sqrt-P64-s0" or spend[0]["extend"]
-    assert spend[-1]["outcome"] == "established"
+    assert spend[-1]["outcome"] == "indicated"
     d = doc["decision"]
     assert (d["sequences_per_step"], d["is_reference"], d["outcome"]) == (512, False,
-                                                                          "established")
+                                                                          "indicated")
     assert d["predicted_time_ratio"] < 1.0
     assert printed["decision"]["trial"] == "sqrt-P64-s0"
     pred = doc["predictions"]["sqrt-P64-s0"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,7 +47,7 @@ def test_undecided_candidates_are_extended_up_to_the_cap_then_left_open():
     assert set(plan.open) == {"B128", "B512"}
 
 
-def test_the_predicted_winner_is_confirmed_then_established_or_ruled_out():
+def test_the_predicted_winner_is_confirmed_then_indicated_or_not_confirmed():
     cands = [Candidate("B128", 2048, pred(0.8, 0.7, 0.88)),
              Candidate("B256", 2048, pred(0.7, 0.6, 0.85)),  # lowest predicted T
              Candidate("B512", 2048, pred(1.4, 1.25, 1.6))]
@@ -55,10 +56,31 @@ def test_the_predicted_winner_is_confirmed_then_established_or_ruled_out():
     assert plan.drop == {"B512": plan.drop["B512"]}
     done = [Candidate("B256", 30000, cands[1].prediction, measured_ratio=0.72)]
     plan = plan_next(done, cap=CAP)
-    assert plan.finished and plan.outcome == "established" and plan.winner == "B256"
+    assert plan.finished and plan.outcome == "indicated" and plan.winner == "B256"
     slow = [Candidate("B256", 30000, cands[1].prediction, measured_ratio=1.05)]
     plan = plan_next(slow, cap=CAP)
-    assert plan.outcome == "ruled_out" and plan.winner is None
+    assert plan.outcome == "not_confirmed" and plan.winner is None
+
+
+def test_only_candidates_that_could_be_confirmed_are_extended():
+    """Rule 3, `promising` (the default): an undecided candidate predicted at or above the
+    baseline is left open without a longer probe, since at the cap it would not be confirmed
+    either; `undecided` extends it. Both end in the same outcome on these predictions."""
+    cands = [Candidate("B128", 2048, pred(1.1, 0.8, 1.4, verdict="inconclusive")),
+             Candidate("B256", 2048, pred(0.9, 0.7, 1.2, verdict="inconclusive")),
+             Candidate("B512", 2048, pred(1.0, 0.9, 1.1))]  # exactly at 1: not promising
+    plan = plan_next(cands, cap=CAP)
+    assert plan.extend == {"B256": 4096} and set(plan.open) == {"B128", "B512"}
+    assert plan_next(cands, cap=CAP, extend="undecided").extend == {
+        "B128": 4096, "B256": 4096, "B512": 4096}
+    # once the promising one's probe is at the cap and still below 1, it is confirmed
+    plan = plan_next([cands[0], Candidate("B256", CAP, cands[1].prediction), cands[2]], cap=CAP)
+    assert plan.confirm == "B256" and not plan.extend
+    # with none below 1, nothing is extended and the baseline is kept at once
+    plan = plan_next([cands[0], cands[2]], cap=CAP)
+    assert plan.outcome == "keep_baseline" and not plan.extend and plan.confirm is None
+    with pytest.raises(ValueError, match="extend"):
+        plan_next(cands, cap=CAP, extend="all")
 
 
 def test_a_prediction_with_a_problem_is_extended_not_trusted():
@@ -72,15 +94,16 @@ intervals = st.tuples(st.floats(0.1, 3.0), st.floats(0.0, 0.5), st.floats(0.0, 0
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(st.lists(intervals, min_size=1, max_size=6), st.integers(256, 4096))
-def test_spending_always_stops(specs, start):
+@given(st.lists(intervals, min_size=1, max_size=6), st.integers(256, 4096),
+       st.sampled_from(["promising", "undecided"]))
+def test_spending_always_stops(specs, start, rule):
     """Whatever the predictions say, applying the plan (probes grow, predictions unchanged)
     ends in a confirmation or a final outcome within log2(CAP / start) + 2 rounds."""
     cands = [Candidate(f"c{i}", start, pred(t, t * (1 - a), t * (1 + b), v))
              for i, (t, a, b, v) in enumerate(specs)]
     bound = math.ceil(math.log2(CAP / start)) + 2
     for _ in range(bound):
-        plan = plan_next(cands, cap=CAP)
+        plan = plan_next(cands, cap=CAP, extend=rule)
         if plan.finished or plan.confirm:
             break
         assert plan.extend, "neither extending, confirming nor finished"

@@ -280,6 +280,10 @@ class ProfileConfig(_Strict):
                                   "as a fraction of the baseline's N*")
     probe_max_fraction: float = Field(0.6, gt=0, le=1, description="probe: longest probe "
                                       "(probes double while undecided), fraction of N*")
+    probe_extend: Literal["promising", "undecided"] = Field(
+        "promising", description="probe: which undecided candidates get a longer probe: "
+        "promising (only those predicted faster than the baseline, the ones that could be "
+        "confirmed) or undecided (all whose interval contains 1)")
 
     @model_validator(mode="after")
     def _positive(self) -> ProfileConfig:

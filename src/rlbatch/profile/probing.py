@@ -123,7 +123,8 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         driver.run(todo, lambda st: probe_stop_reason(st, limits[st["trial"]]))
         preds = _predictions(cfg, base, base_probe, cands)
         plan = plan_next([Candidate(t.name, _status(t)["samples"], preds[t.name])
-                          for t in family if t.name not in dropped], cap=cap)
+                          for t in family if t.name not in dropped], cap=cap,
+                         extend=prof.probe_extend)
         rounds.append(_round(plan, preds, limits))
         journal.log("spending", **rounds[-1]["plan"])
         dropped |= set(plan.drop)

@@ -17,15 +17,24 @@ applied to every candidate of the reference's LR-scaling family in this order:
    (slower than the baseline even at its best).
 3. `extend` a candidate still undecided (no usable prediction yet, verdict `inconclusive`,
    or a ratio interval that contains 1) whose probe is below the cap: its next probe is
-   `growth` times longer, capped at `cap` samples.
+   `growth` times longer, capped at `cap` samples. With `extend="promising"` (the default)
+   only an undecided candidate that could still be confirmed is extended: one without a
+   usable prediction, or whose point ratio is below 1. An undecided candidate predicted at
+   or above 1 is left `open` at once: at the cap it would not be confirmed either (rule 4),
+   so a longer probe could change the decision only by moving its point ratio below 1, and
+   the compute goes to the candidates that can win. `extend="undecided"` extends every
+   undecided candidate (the rule before; kept for comparison, bench/probe_replay.py).
 4. When nothing is left to extend: `confirm` the predicted winner by running it to the
    target: the lowest predicted ratio among aligned candidates whose whole interval lies
    below 1; if there is none, the lowest point ratio below 1 among candidates still
    undecided at the cap (reported `open`): the probes could not settle it, so it is
    measured. With neither, the outcome is `keep_baseline`.
-5. A confirmed winner ends the procedure: `established` when its measured ratio (its time to
-   target over the baseline's, one seed each) is below 1, `ruled_out` otherwise (the
-   baseline is then kept; a second winner is not tried, so the cost stays bounded).
+5. A confirmation ends the procedure: `indicated` when the winner's measured ratio (its time
+   to target over the baseline's, one seed each) is below 1, `not_confirmed` otherwise (the
+   baseline is then kept; a second winner is not tried, so the cost stays bounded). One
+   seed on each side is an indication, never `established` in the sense of `rlbatch
+   analyze` (an interval across seeds wholly below 1, analysis/selection.py): the words are
+   kept apart, and the profile's decision names its evidence.
 
 Nothing here decides on one seed what the full analysis decides on several: `rlbatch
 analyze` on the same runs still reports its own verdicts; spending only chooses which runs
@@ -55,7 +64,7 @@ class Plan:
     drop: dict[str, str] = field(default_factory=dict)  # config -> reason
     open: list[str] = field(default_factory=list)  # undecided at the cap
     confirm: str | None = None  # run this one to the target
-    outcome: str | None = None  # established | ruled_out | keep_baseline (when finished)
+    outcome: str | None = None  # indicated | not_confirmed | keep_baseline (when finished)
     winner: str | None = None
 
     @property
@@ -73,16 +82,22 @@ def _usable(pred: dict | None) -> bool:
             and None not in _ratio_ci(pred))
 
 
-def plan_next(cands: list[Candidate], *, cap: int, growth: float = 2.0) -> Plan:
+EXTEND_RULES = ("promising", "undecided")
+
+
+def plan_next(cands: list[Candidate], *, cap: int, growth: float = 2.0,
+              extend: str = "promising") -> Plan:
     """The next spending decision (see the module text); `cap` is the largest probe, in
-    samples."""
+    samples; `extend` one of EXTEND_RULES (rule 3)."""
+    if extend not in EXTEND_RULES:
+        raise ValueError(f"extend must be one of {EXTEND_RULES}, not {extend!r}")
     confirmed = [c for c in cands if c.measured_ratio is not None]
     if confirmed:
         c = confirmed[0]
         won = c.measured_ratio < 1.0
-        return Plan(outcome="established" if won else "ruled_out",
+        return Plan(outcome="indicated" if won else "not_confirmed",
                     winner=c.config if won else None)
-    extend: dict[str, int] = {}
+    longer: dict[str, int] = {}
     drop: dict[str, str] = {}
     open_: list[str] = []
     winners: list[Candidate] = []
@@ -100,12 +115,14 @@ def plan_next(cands: list[Candidate], *, cap: int, growth: float = 2.0) -> Plan:
         if _usable(pred) and verdict == "aligned" and hi < 1.0:
             winners.append(c)
             continue
-        if c.samples < cap:
-            extend[c.config] = int(min(cap, max(c.samples + 1, c.samples * growth)))
+        hopeless = (extend == "promising" and _usable(pred)
+                    and pred.get("time_ratio", 1.0) >= 1.0)
+        if c.samples < cap and not hopeless:
+            longer[c.config] = int(min(cap, max(c.samples + 1, c.samples * growth)))
         else:
             open_.append(c.config)
-    if extend:
-        return Plan(extend=extend, drop=drop, open=open_)
+    if longer:
+        return Plan(extend=longer, drop=drop, open=open_)
     if not winners:  # nothing settled below 1: measure the most promising open one
         by_name = {c.config: c for c in cands}
         winners = [by_name[n] for n in open_ if _usable(by_name[n].prediction)
