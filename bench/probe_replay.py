@@ -21,6 +21,10 @@ profile's runs are fresh seeds). Prints one block per setting and one JSON line.
 
     .venv/bin/python bench/probe_replay.py /tmp/p14/quick-grid --fractions 0.15,0.25 \\
         --extend promising,undecided
+
+With a grid wider than the profile (the study's 6-configuration grids), `--batches` keeps
+the candidates the profile would probe and `--truth` takes `rlbatch analyze --json` of the
+same subset of runs, whose decision is then the one compared with.
 """
 
 from __future__ import annotations
@@ -56,8 +60,9 @@ def cut_run(run, limit: float):
 
 def grid_truth(doc: dict) -> tuple[dict, str, str]:
     """Per B-and-LR configuration its 3-seed median T and T / T_ref; the grid's chosen
-    configuration and the reference."""
-    an = doc["analysis"]
+    configuration and the reference (from `doc["truth"]`, an `rlbatch analyze --json` of a
+    subset of the grid's runs, when given)."""
+    an = doc.get("truth") or doc["analysis"]
     ref = an["reference"]["config"]
     t_ref = next(c for c in an["configs"] if c["config"] == ref)["time_to_target"]
     ref_c = next(c for c in an["configs"] if c["config"] == ref)
@@ -68,10 +73,13 @@ def grid_truth(doc: dict) -> tuple[dict, str, str]:
             "config": c["config"], "T": t, "ratio": None if t is None or not t_ref else t / t_ref,
             "r": None if n is None else n / ref_c["samples_to_target"],
             "q_ratio": None if not q else ref_c["throughput"] / q}
-    return truth, doc["decision"]["config"], ref
+    choice = doc["truth"]["recommendation"]["config"] if doc.get("truth") \
+        else doc["decision"]["config"]
+    return truth, choice, ref
 
 
-def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control: bool) -> dict:
+def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control: bool,
+           batches: set[int] | None = None) -> dict:
     by = {}
     for t in doc["trials"]:
         by[(t["kind"], t["B"], t["seed"])] = t
@@ -83,7 +91,8 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
     first = max(1, int(fraction * nstar))
     cap = max(first, int(max_fraction * nstar))
     kinds = ("sqrt", "control") if control else ("sqrt",)
-    cands = {t["trial"]: t for t in doc["trials"] if t["kind"] in kinds and t["seed"] == 0}
+    cands = {t["trial"]: t for t in doc["trials"] if t["kind"] in kinds and t["seed"] == 0
+             and (batches is None or t["B"] in batches)}
     family = [n for n, t in cands.items() if t["kind"] == "sqrt"]
     base_probe = by[("baseline", base_t["B"], 1)]
     limits = {n: first for n in [base_probe["trial"], *cands]}
@@ -146,16 +155,17 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
             if errors else None}
 
 
-def one_seed_floor(doc: dict) -> dict:
+def one_seed_floor(doc: dict, batches: set[int] | None = None) -> dict:
     """The error a probe could not beat with one seed per candidate: each sqrt candidate's
     seed-s time to target over the baseline's seed-s time (every candidate run to the target
     with one seed, paired by seed), against the grid's 3-seed-median ratio."""
-    an = doc["analysis"]
+    an = doc.get("truth") or doc["analysis"]
     ref = next(c for c in an["configs"] if c["config"] == an["reference"]["config"])
     base = {r["seed"]: r["time_to_target"] for r in ref["runs"]}
     errors = []
     for c in an["configs"]:
-        if c is ref or c["lr_scaling"] != "sqrt" or not c["time_to_target"]:
+        if c is ref or c["lr_scaling"] != "sqrt" or not c["time_to_target"] \
+                or (batches is not None and c["sequences_per_step"] not in batches):
             continue
         measured = c["time_to_target"] / ref["time_to_target"]
         errors += [abs(r["time_to_target"] / base[r["seed"]] / measured - 1) for r in c["runs"]
@@ -172,12 +182,20 @@ def main() -> None:
     ap.add_argument("--extend", default="promising,undecided",
                     help="spending extension rules to compare (profile.probe_extend)")
     ap.add_argument("--control", action="store_true", help="probe the fixed-LR control too")
+    ap.add_argument("--batches", default=None,
+                    help="candidate B values to keep (default: every configuration of the grid)")
+    ap.add_argument("--truth", type=Path, default=None,
+                    help="`rlbatch analyze --json` of the runs to compare with (default: the "
+                         "grid's own analysis); use it with --batches")
     args = ap.parse_args()
     doc = json.loads((args.grid / "profile.json").read_text())
+    if args.truth:
+        doc["truth"] = json.loads(args.truth.read_text().strip().splitlines()[-1])
+    keep = None if args.batches is None else {int(b) for b in args.batches.split(",")}
     out = []
     for f in (float(x) for x in args.fractions.split(",")):
         for rule in args.extend.split(","):
-            r = replay(doc, f, args.max_fraction, rule, args.control)
+            r = replay(doc, f, args.max_fraction, rule, args.control, keep)
             out.append(r)
             print(f"fraction {f} cap {args.max_fraction} extend {rule}: decision {r['decision']}"
                   f" (grid: {r['grid_decision']}, same: {r['same_decision']}), outcome "
@@ -191,7 +209,7 @@ def main() -> None:
             if r["errors"]:
                 print(f"    median |T error| {r['median_abs_T_error']:.0%}, median |ratio "
                       f"error| {r['median_abs_ratio_error']:.0%}")
-    floor = one_seed_floor(doc)
+    floor = one_seed_floor(doc, keep)
     if floor["runs"]:
         print(f"one seed of each candidate run to the target (paired with the baseline's seed):"
               f" median |ratio error| {floor['median_abs_ratio_error']:.0%} against the 3-seed "
