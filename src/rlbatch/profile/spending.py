@@ -62,7 +62,7 @@ class Candidate:
 class Plan:
     extend: dict[str, int] = field(default_factory=dict)  # config -> samples to run to
     drop: dict[str, str] = field(default_factory=dict)  # config -> reason
-    open: list[str] = field(default_factory=list)  # undecided at the cap
+    open: list[str] = field(default_factory=list)  # undecided, not extended (at the cap or not promising)
     confirm: str | None = None  # run this one to the target
     outcome: str | None = None  # indicated | not_confirmed | keep_baseline (when finished)
     winner: str | None = None
