@@ -58,14 +58,18 @@ def cut_run(run, limit: float):
     return SimpleNamespace(steps=steps, evals=evals), steps[-1]["train_s"]
 
 
-def grid_truth(doc: dict) -> tuple[dict, str, str]:
-    """Per B-and-LR configuration its 3-seed median T and T / T_ref; the grid's chosen
-    configuration and the reference (from `doc["truth"]`, an `rlbatch analyze --json` of a
-    subset of the grid's runs, when given)."""
+def truth_analysis(doc: dict) -> tuple[dict, dict]:
+    """The analysis the replay is judged against (`doc["truth"]`, an `rlbatch analyze --json`
+    of a subset of the grid's runs, when given; else the grid's own) and its reference."""
     an = doc.get("truth") or doc["analysis"]
-    ref = an["reference"]["config"]
-    t_ref = next(c for c in an["configs"] if c["config"] == ref)["time_to_target"]
-    ref_c = next(c for c in an["configs"] if c["config"] == ref)
+    return an, next(c for c in an["configs"] if c["config"] == an["reference"]["config"])
+
+
+def grid_truth(doc: dict) -> tuple[dict, str, str]:
+    """Per B-and-LR configuration its 3-seed median T and T / T_ref; the chosen configuration
+    and the reference of the analysis judged against."""
+    an, ref_c = truth_analysis(doc)
+    ref, t_ref = ref_c["config"], ref_c["time_to_target"]
     truth = {}
     for c in an["configs"]:
         t, n, q = c["time_to_target"], c["samples_to_target"], c["throughput"]
@@ -119,7 +123,8 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
     if plan.confirm:
         res = an_runs[cands[plan.confirm]["run_dir"]]
         t_win = res["time_to_target"]
-        spent += t_win - cut[plan.confirm][1] if t_win else runs[plan.confirm].steps[-1]["train_s"]
+        # the confirmation continues the probe: to the target, or to the end of its budget
+        spent += (t_win or runs[plan.confirm].steps[-1]["train_s"]) - cut[plan.confirm][1]
         ratio = t_win / t_base if t_win else float("inf")
         plan = plan_next([Candidate(plan.confirm, 0, preds[plan.confirm], measured_ratio=ratio)],
                          cap=cap)
@@ -159,8 +164,7 @@ def one_seed_floor(doc: dict, batches: set[int] | None = None) -> dict:
     """The error a probe could not beat with one seed per candidate: each sqrt candidate's
     seed-s time to target over the baseline's seed-s time (every candidate run to the target
     with one seed, paired by seed), against the grid's 3-seed-median ratio."""
-    an = doc.get("truth") or doc["analysis"]
-    ref = next(c for c in an["configs"] if c["config"] == an["reference"]["config"])
+    an, ref = truth_analysis(doc)
     base = {r["seed"]: r["time_to_target"] for r in ref["runs"]}
     errors = []
     for c in an["configs"]:
