@@ -214,3 +214,50 @@ def test_driver_refuses_a_trial_that_ended_without_finishing_its_run(tmp_path):
     driver = Driver(cfg, tmp_path, ex, Journal(tmp_path / "j.jsonl"), None, poll_s=0.0)
     with pytest.raises(UserError, match="is not a finished run"):
         driver.run(base)
+
+
+class ResumingExecutor(ScriptedExecutor):
+    """The scripted executor for the probe strategy: finds each trial's run directory from
+    the config file the driver wrote (candidates' configs carry the probe's eval cadence),
+    and continues a run from its logged steps, as `rlbatch train --resume` does."""
+
+    def submit(self, name, config_path, log_path):
+        from rlbatch.core.runlog import make_run_id
+
+        cfg = load_config(config_path)
+        d = Path(cfg.output_dir) / make_run_id(cfg.resolved_dict(), cfg.seed)
+        d.mkdir(parents=True, exist_ok=True)
+        self.trials[name] = type("T", (), {"config": cfg, "run_dir": lambda self, d=d: d})()
+        self.submitted.append(name)
+        self.live[name] = (d, len(read_jsonl(d / "steps.jsonl")[0]) if
+                           (d / "steps.jsonl").exists() else 0)
+
+
+def test_probe_confirmation_stops_once_it_cannot_beat_the_baseline(tmp_path):
+    """A candidate whose probe is aligned and 3x faster is confirmed; past its probe it stops
+    learning. The confirmation stops (`cannot_win`) once it has trained longer than the
+    baseline's time to target, instead of running out its budget, and the outcome is
+    `not_confirmed` with its ratio bounded from below."""
+    from rlbatch.profile.probing import run_probe_profile
+
+    cfg = quick("profile.prompts_per_step=[32]", "profile.fixed_lr_control=false",
+                "profile.concurrency=[]", f"output_dir={tmp_path / 'runs'}")
+    acc = lambda s: 0.30 + s / 20000  # crosses step 0 + 0.15 at 3,000 samples
+    base = [(s, s / 100, acc(s)) for s in range(0, 4097, 128)]  # T_base = 30 s
+    probe = [(s, s / 100, acc(s) + (0.004 if (s // 128) % 2 else -0.004))
+             for s in range(0, 4097, 128)]
+    cand = [(s, s / 300, acc(s)) for s in range(0, 1025, 256)]  # aligned, q 3x
+    cand += [(s, cand[-1][1] + (s - 1024) / 20, acc(1024)) for s in range(1280, 16385, 256)]
+    ex = ResumingExecutor({"base-P16-s0": base, "base-P16-s1": probe, "sqrt-P32-s0": cand})
+    doc = run_probe_profile(cfg, tmp_path, ex, poll_s=0.0)
+    assert doc["rounds"][0]["plan"]["confirm"] == "sqrt-P32-s0"
+    winner = next(t for t in doc["trials"] if t["trial"] == "sqrt-P32-s0")
+    assert winner["stop_code"] == "cannot_win"
+    # the step that passed T_base (41.8 s) asks for the stop, the next one honours it; the
+    # script would have run on to 16,384 samples
+    assert 30.0 < winner["train_s"] <= 30.0 + 2 * 256 / 20
+    assert winner["samples"] == 2048
+    last = doc["rounds"][-1]["plan"]
+    assert last["outcome"] == "not_confirmed"
+    assert last["measured_ratio_at_least"]["sqrt-P32-s0"] > 1.0
+    assert doc["decision"]["is_reference"]

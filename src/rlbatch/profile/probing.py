@@ -13,7 +13,9 @@ a fraction of that (docs/design.md, Method, "probes"):
    throughput q, and the time ratio T_cand / T_base = r x q_base / q_cand with an interval;
 5. sequential spending (spending.py): drop what cannot win or departed, extend what is
    undecided (probes double, up to `profile.probe_max_fraction` x N*_base), then confirm
-   the predicted winner by continuing its probe to the target;
+   the predicted winner by continuing its probe to the target, or until it has trained
+   longer than the baseline's time to target without reaching it (stop code `cannot_win`:
+   it cannot be faster, so the outcome is settled);
 6. `profile.json`: the decision with what it rests on (predictions, the confirmation), every
    round of spending, the analysis of all runs (as `rlbatch analyze` gives it), and the cost
    against one baseline run's time to target and against the exhaustive grid.
@@ -24,6 +26,7 @@ their length, and continues a probe only when spending extends it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -45,6 +48,7 @@ from rlbatch.profile.procedure import (
     _target,
     candidate_eval_every,
     choose_concurrency,
+    early_stop_reason,
 )
 from rlbatch.profile.spending import Candidate, Plan, plan_next
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
@@ -135,12 +139,18 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         winner = next(t for t in family if t.name == plan.confirm)
         reopen(winner)
         journal.log("confirming", trial=winner.name)
-        driver.run([winner])
+        # stopped (`cannot_win`) once past the baseline's time without the target: its ratio
+        # is then above 1 whatever follows, and the outcome (`not_confirmed`) is settled
+        driver.run([winner], lambda st: early_stop_reason(st, ev["median_time"], math.inf))
         t_win = _measured(winner, cfg)["time_to_target"]
         ratio = t_win / ev["median_time"] if t_win is not None else float("inf")
         plan = plan_next([Candidate(winner.name, _status(winner)["samples"],
                                     preds[winner.name], measured_ratio=ratio)], cap=cap)
-        rounds.append(_round(plan, preds, limits, measured={winner.name: ratio}))
+        # without a crossing, the training seconds it ran bound its ratio from below
+        at_least = {} if t_win is not None else \
+            {winner.name: _status(winner)["train_s"] / ev["median_time"]}
+        rounds.append(_round(plan, preds, limits, measured={winner.name: ratio},
+                             at_least=at_least))
         journal.log("spending", **rounds[-1]["plan"])
     decision = _decision(cfg, base, family, plan, preds, ev, c)
     return _write(cfg, out, driver, decode, decision, None, rounds, preds, base=base)
@@ -162,10 +172,12 @@ def _predictions(cfg: Config, base: Trial, base_probe: Trial, cands: list[Trial]
     return out
 
 
-def _round(plan: Plan, preds: dict, limits: dict, measured: dict | None = None) -> dict:
+def _round(plan: Plan, preds: dict, limits: dict, measured: dict | None = None,
+           at_least: dict | None = None) -> dict:
     return {"plan": {"extend": plan.extend, "drop": plan.drop, "open": plan.open,
                      "confirm": plan.confirm, "outcome": plan.outcome, "winner": plan.winner,
-                     "measured_ratio": measured or {}},
+                     "measured_ratio": measured or {},
+                     "measured_ratio_at_least": at_least or {}},
             "predicted_ratio": {k: p["time_ratio"] for k, p in preds.items()},
             "limits": dict(limits)}
 
