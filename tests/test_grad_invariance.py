@@ -325,3 +325,30 @@ def test_noise_probe_keeps_random_equal_micro_batches(small_llama):
     assert [len(c) for c in sorted_chunks] == [3, 3, 2]
     flat = torch.cat(sorted_chunks)
     assert lengths[flat].tolist() == sorted(real) and sorted(flat.tolist()) == list(range(8))
+
+
+def test_no_grad_forwards_by_micro_batches_equal_one_padded_forward(small_llama):
+    """The critic's values and the reference's log-probs, computed over length-ordered,
+    trimmed micro-batches, equal one forward over the whole padded batch (with extra left
+    and right padding) on every response token; callers mask the padding."""
+    from rlbatch.backends.builtin.batch import by_micro_batches, forward_logprobs
+
+    torch.manual_seed(0)
+    model = small_llama.float()
+    critic = ValueModel(model)
+    torch.nn.init.normal_(critic.head.weight, std=0.1)
+    ro = _varied_rollouts()
+    batch = build_batch(ro, pad_id=0)
+    mask = batch.response_mask
+    with torch.no_grad():
+        padded = build_batch(ro, pad_id=0, extra_left_pad=3)
+        ref_values = critic(padded)
+        ref_logp = forward_logprobs(model, padded, 0.8)
+        for micro in (1, 2, 4, len(ro.mask)):
+            values = by_micro_batches(critic, batch, micro)
+            logp = by_micro_batches(lambda b: forward_logprobs(model, b, 0.8), batch, micro)
+            assert values.shape == logp.shape == mask.shape
+            assert _rel(values[mask], ref_values[mask]) <= 1e-6, micro
+            assert _rel(logp[mask], ref_logp[mask]) <= 1e-6, micro
+            # the columns no row uses (the rollouts' 3 right-padding columns) are trimmed
+            assert not values[:, -3:].any() and not logp[:, -3:].any()

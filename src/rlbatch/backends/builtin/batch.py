@@ -68,6 +68,22 @@ def micro_batches(idx: torch.Tensor, lengths: torch.Tensor, micro: int,
     return list(idx.split(micro))
 
 
+def by_micro_batches(fn, b: SeqBatch, micro: int) -> torch.Tensor:
+    """(N, T) per-token outputs of `fn` (a no-grad forward: SeqBatch of m rows -> (m, t))
+    over length-ordered, trimmed micro-batches of `micro` rows, scattered back into the
+    whole batch's columns (0 in the padding columns a micro-batch was trimmed of). One
+    forward over the whole padded batch costs every row the longest row's columns; this
+    costs the real tokens, as the updates do (docs/design.md, "The update pays for real
+    tokens")."""
+    n, t = b.response_ids.shape
+    out = torch.zeros((n, t), device=b.response_ids.device)
+    for chunk in micro_batches(torch.arange(n, device=b.response_ids.device),
+                               b.real_lengths(), micro, by_length=True):
+        sub = b.rows(chunk).trimmed()
+        out[chunk, :sub.response_ids.shape[1]] = fn(sub).float()
+    return out
+
+
 def build_batch(rollouts: Rollouts, pad_id: int, extra_left_pad: int = 0) -> SeqBatch:
     """`extra_left_pad` widens the prompt padding (used by tests of padding invariance)."""
     prompts = rollouts.prompt_ids

@@ -42,7 +42,12 @@ import torch
 from rlbatch.algos.advantages import gae, grpo_advantages, masked_whiten, outcome_token_rewards
 from rlbatch.algos.lr import crosses_mark, in_warmup, update_lrs
 from rlbatch.algos.noise_scale import NoiseScaleEMA
-from rlbatch.backends.builtin.batch import build_batch, forward_logprobs, to_device
+from rlbatch.backends.builtin.batch import (
+    build_batch,
+    by_micro_batches,
+    forward_logprobs,
+    to_device,
+)
 from rlbatch.backends.builtin.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from rlbatch.backends.builtin.critic import ValueModel
 from rlbatch.backends.builtin.runstate import RunState, fault_rate_message, open_run, run_recorded
@@ -191,7 +196,9 @@ class Trainer:
         ref_logp = None
         if self.ref is not None:
             with timer.phase("reference"), torch.no_grad():
-                ref_logp = forward_logprobs(self.ref, batch, cfg.rollout.temperature)
+                ref_logp = by_micro_batches(
+                    lambda b: forward_logprobs(self.ref, b, cfg.rollout.temperature), batch,
+                    cfg.micro_batch_sequences)
         samples_after = st.c.samples + len(prompt_ids)
         stats, skipped = self._updates(batch, rewards, old_logp, ref_logp, samples_after,
                                        valid=None if drop is None else ~drop)
@@ -313,7 +320,7 @@ class Trainer:
         c = cfg.critic
         mask = batch.response_mask
         with timer.phase("critic_values"), torch.no_grad():
-            values = self.critic(batch) * mask  # (N, T)
+            values = by_micro_batches(self.critic, batch, cfg.micro_batch_sequences) * mask  # (N, T)
         with timer.phase("other"):
             token_r = outcome_token_rewards(rewards, mask)
             adv, returns = gae(token_r, values, mask, cfg.loss.gamma, cfg.loss.lam)
