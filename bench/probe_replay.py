@@ -13,11 +13,12 @@ rule (`profile.spending.plan_next`), on the recorded runs cut where a probe woul
   probe's length (a probe stops there, profile/probing.py);
 - a confirmed winner's measured ratio is its seed-0 time to target over the baseline's.
 
-Cost: training seconds at each cut plus the baseline's and a confirmed winner's time to
-target, as a multiple of the baseline's time to target (the decode sweep left out). The
-grid's own decision and its 3-seed medians are the truth it is compared with; the replay's
-runs are seeds of that same grid, so agreement is measured in-sample (the real probe
-profile's runs are fresh seeds). Prints one block per setting and one JSON line.
+Cost: training seconds at each cut plus the baseline's time to target and a confirmation's
+(to the target, or stopped as `cannot_win` past the baseline's time), as a multiple of the
+baseline's time to target (the decode sweep left out). The grid's own decision and its
+3-seed medians are the truth it is compared with; the replay's runs are seeds of that same
+grid, so agreement is measured in-sample (the real probe profile's runs are fresh seeds).
+Prints one block per setting and one JSON line.
 
     .venv/bin/python bench/probe_replay.py /tmp/p14/quick-grid --fractions 0.15,0.25 \\
         --extend promising,undecided
@@ -44,6 +45,18 @@ from rlbatch.profile.spending import Candidate, plan_next
 
 METRIC = "eval/accuracy"
 
+
+def confirmation_end(run, t_win: float | None, t_base: float) -> float:
+    """Training seconds at which a confirmation ends (profile/probing.py): at the target if
+    it gets there within the baseline's time; otherwise the stop (`cannot_win`) asked at the
+    first step past the baseline's time takes effect at the next step (as the real trainer
+    honours a STOP file); or at the target or the end of its budget if those come first."""
+    if t_win is not None and t_win <= t_base:
+        return t_win
+    ts = [float(r["train_s"]) for r in run.steps]
+    past = next((i for i, s in enumerate(ts) if s > t_base), None)
+    end = ts[-1] if past is None else ts[min(past + 1, len(ts) - 1)]
+    return min(end, t_win) if t_win is not None else end
 
 def cut_run(run, limit: float):
     """The run as a probe of `limit` samples would have left it (the run itself when it
@@ -123,8 +136,8 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
     if plan.confirm:
         res = an_runs[cands[plan.confirm]["run_dir"]]
         t_win = res["time_to_target"]
-        # the confirmation continues the probe: to the target, or to the end of its budget
-        spent += (t_win or runs[plan.confirm].steps[-1]["train_s"]) - cut[plan.confirm][1]
+        # the confirmation continues the probe: to the target, or until it cannot win
+        spent += confirmation_end(runs[plan.confirm], t_win, t_base) - cut[plan.confirm][1]
         ratio = t_win / t_base if t_win else float("inf")
         plan = plan_next([Candidate(plan.confirm, 0, preds[plan.confirm], measured_ratio=ratio)],
                          cap=cap)
