@@ -58,6 +58,7 @@ def confirmation_end(run, t_win: float | None, t_base: float) -> float:
     end = ts[-1] if past is None else ts[min(past + 1, len(ts) - 1)]
     return min(end, t_win) if t_win is not None else end
 
+
 def cut_run(run, limit: float):
     """The run as a probe of `limit` samples would have left it (the run itself when it
     reached the target first), and the training seconds spent."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -227,7 +228,7 @@ class ResumingExecutor(ScriptedExecutor):
         cfg = load_config(config_path)
         d = Path(cfg.output_dir) / make_run_id(cfg.resolved_dict(), cfg.seed)
         d.mkdir(parents=True, exist_ok=True)
-        self.trials[name] = type("T", (), {"config": cfg, "run_dir": lambda self, d=d: d})()
+        self.trials[name] = SimpleNamespace(config=cfg, run_dir=lambda: d)
         self.submitted.append(name)
         self.live[name] = (d, len(read_jsonl(d / "steps.jsonl")[0]) if
                            (d / "steps.jsonl").exists() else 0)

@@ -142,13 +142,12 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         # stopped (`cannot_win`) once past the baseline's time without the target: its ratio
         # is then above 1 whatever follows, and the outcome (`not_confirmed`) is settled
         driver.run([winner], lambda st: early_stop_reason(st, ev["median_time"], math.inf))
-        t_win = _measured(winner, cfg)["time_to_target"]
+        t_win, st = _measured(winner, cfg)["time_to_target"], _status(winner)
         ratio = t_win / ev["median_time"] if t_win is not None else float("inf")
-        plan = plan_next([Candidate(winner.name, _status(winner)["samples"],
-                                    preds[winner.name], measured_ratio=ratio)], cap=cap)
+        plan = plan_next([Candidate(winner.name, st["samples"], preds[winner.name],
+                                    measured_ratio=ratio)], cap=cap)
         # without a crossing, the training seconds it ran bound its ratio from below
-        at_least = {} if t_win is not None else \
-            {winner.name: _status(winner)["train_s"] / ev["median_time"]}
+        at_least = {} if t_win is not None else {winner.name: st["train_s"] / ev["median_time"]}
         rounds.append(_round(plan, preds, limits, measured={winner.name: ratio},
                              at_least=at_least))
         journal.log("spending", **rounds[-1]["plan"])
