@@ -13,9 +13,11 @@ rule (`profile.spending.plan_next`), on the recorded runs cut where a probe woul
   probe's length (a probe stops there, profile/probing.py);
 - a confirmed winner's measured ratio is its seed-0 time to target over the baseline's.
 
-Cost: training seconds at each cut plus the baseline's time to target and a confirmation's
-(to the target, or stopped as `cannot_win` past the baseline's time), as a multiple of the
-baseline's time to target (the decode sweep left out). The grid's own decision and its
+Cost: training seconds at each cut plus the baseline's time to target, a confirmation's (to
+the target, or stopped as `cannot_win` past the baseline's time, or where `--budgets` ends
+it) and the grid's own decode sweep (its profile.json `decode.seconds`), as a multiple of
+the baseline's time to target. Under a budget (`profile.probe_budget`), extensions are
+granted by `spending.fit_budget` as in the profile. The grid's own decision and its
 3-seed medians are the truth it is compared with; the replay's runs are seeds of that same
 grid, so agreement is measured in-sample (the real probe profile's runs are fresh seeds).
 Prints one block per setting and one JSON line.
@@ -32,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,23 +44,34 @@ import numpy as np
 
 from rlbatch.analysis.prediction import BaselineCurves, predict
 from rlbatch.core.runlog import read_run
-from rlbatch.profile.probing import curve_of, step_increments
-from rlbatch.profile.spending import Candidate, plan_next
+from rlbatch.profile.probing import curve_of, longest_step, step_increments
+from rlbatch.profile.spending import Candidate, fit_budget, plan_next
 
 METRIC = "eval/accuracy"
 
 
-def confirmation_end(run, t_win: float | None, t_base: float) -> float:
-    """Training seconds at which a confirmation ends (profile/probing.py): at the target if
-    it gets there within the baseline's time; otherwise the stop (`cannot_win`) asked at the
-    first step past the baseline's time takes effect at the next step (as the real trainer
-    honours a STOP file); or at the target or the end of its budget if those come first."""
-    if t_win is not None and t_win <= t_base:
-        return t_win
+def confirmation_end(run, t_win: float | None, t_base: float,
+                     allowance: float = math.inf, step_s: float = 0.0) -> tuple[float, str]:
+    """Training seconds at which a confirmation ends (profile/probing.py), and why: at the
+    target if it gets there before a stop is asked; otherwise a stop asked at the first step
+    past the baseline's time (`cannot_win`) or at the first step from which two more
+    (`step_s` each, the longest step of its probe) would reach what the profile's budget
+    leaves it (`profile_budget`), whichever comes first, takes effect at the next step (as the real
+    trainer honours a STOP file); or the end of its own budget."""
     ts = [float(r["train_s"]) for r in run.steps]
     past = next((i for i, s in enumerate(ts) if s > t_base), None)
-    end = ts[-1] if past is None else ts[min(past + 1, len(ts) - 1)]
-    return min(end, t_win) if t_win is not None else end
+    spent = next((i for i, s in enumerate(ts) if s + 2 * step_s >= allowance), None)
+    asks = [(i, why) for i, why in ((past, "cannot_win"), (spent, "profile_budget"))
+            if i is not None]
+    if not asks:
+        return (t_win, "target") if t_win is not None else (ts[-1], "end")
+    i, why = min(asks)
+    if t_win is not None and t_win <= ts[i]:
+        return t_win, "target"
+    end = ts[min(i + 1, len(ts) - 1)]
+    if t_win is not None and t_win <= end:
+        return t_win, "target"
+    return end, why
 
 
 def cut_run(run, limit: float):
@@ -97,7 +112,7 @@ def grid_truth(doc: dict) -> tuple[dict, str, str]:
 
 
 def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control: bool,
-           batches: set[int] | None = None) -> dict:
+           batches: set[int] | None = None, budget: float | None = None) -> dict:
     by = {}
     for t in doc["trials"]:
         by[(t["kind"], t["B"], t["seed"])] = t
@@ -106,6 +121,8 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
     an_runs = {r["run"]: r for c in doc["analysis"]["configs"] for r in c["runs"]}
     b_res = an_runs[base_t["run_dir"]]
     nstar, t_base = b_res["samples_to_target"], b_res["time_to_target"]
+    sweep_s = float((doc.get("decode") or {}).get("seconds") or 0.0)
+    budget_s = math.inf if budget is None else budget * t_base
     first = max(1, int(fraction * nstar))
     cap = max(first, int(max_fraction * nstar))
     kinds = ("sqrt", "control") if control else ("sqrt",)
@@ -124,25 +141,43 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
                                  curve_of(cut[base_probe["trial"]][0], METRIC)], [nstar])
         preds = {n: predict(curves, curve_of(cut[n][0], METRIC), step_increments(cut[n][0]),
                             base_steps=step_increments(base_run)) for n in cands}
-        plan = plan_next([Candidate(n, int(cut[n][0].steps[-1]["samples"]), preds[n])
-                          for n in family if n not in dropped], cap=cap, extend=extend)
+        live = [Candidate(n, int(cut[n][0].steps[-1]["samples"]), preds[n], train_s=cut[n][1])
+                for n in family if n not in dropped]
+        plan = plan_next(live, cap=cap, extend=extend)
+        refused = {}
+        if plan.extend and budget_s < math.inf:
+            left = budget_s - (t_base + sweep_s + sum(c[1] for c in cut.values()))
+            granted, refused = fit_budget(plan, live, left_s=left, base_time=t_base)
+            plan = replace(plan, extend=granted) if granted else \
+                plan_next(live, cap=0, extend=extend)
         rounds.append({"limits": dict(limits), "extend": plan.extend, "drop": list(plan.drop),
-                       "confirm": plan.confirm, "outcome": plan.outcome})
+                       "refused": list(refused), "confirm": plan.confirm,
+                       "outcome": plan.outcome})
         dropped |= set(plan.drop)
         if not plan.extend:
             break
         limits.update(plan.extend)
-    spent = t_base + sum(c[1] for c in cut.values())
+    spent = t_base + sweep_s + sum(c[1] for c in cut.values())
     chosen = None
     if plan.confirm:
         res = an_runs[cands[plan.confirm]["run_dir"]]
-        t_win = res["time_to_target"]
-        # the confirmation continues the probe: to the target, or until it cannot win
-        spent += confirmation_end(runs[plan.confirm], t_win, t_base) - cut[plan.confirm][1]
-        ratio = t_win / t_base if t_win else float("inf")
-        plan = plan_next([Candidate(plan.confirm, 0, preds[plan.confirm], measured_ratio=ratio)],
-                         cap=cap)
-        rounds.append({"confirmed_ratio": ratio, "outcome": plan.outcome})
+        t_win, probe_s = res["time_to_target"], cut[plan.confirm][1]
+        allowance = budget_s - (spent - probe_s)
+        step_s = longest_step(cut[plan.confirm][0])
+        if probe_s + 2 * step_s < allowance:
+            # the confirmation continues the probe: to the target, or until it cannot win
+            # or the budget ends
+            end, why = confirmation_end(runs[plan.confirm], t_win, t_base, allowance, step_s)
+            spent += end - probe_s
+        else:
+            why = "profile_budget"  # not started: the budget is spent
+        ratio = t_win / t_base if why == "target" else float("inf")
+        cut_short = why == "profile_budget"
+        plan = plan_next([Candidate(plan.confirm, 0, preds[plan.confirm],
+                                    measured_ratio=None if cut_short else ratio,
+                                    over_budget=cut_short)], cap=cap)
+        rounds.append({"confirmed_ratio": None if cut_short else ratio, "ended": why,
+                       "outcome": plan.outcome})
         chosen = plan.winner
     truth, grid_choice, ref = grid_truth(doc)
     errors = []
@@ -165,7 +200,8 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
         v["config"] for (b, lr), v in truth.items()
         if b == cands[chosen]["B"] and lr == round(cands[chosen]["lr"], 12))
     return {"fraction": fraction, "max_fraction": max_fraction, "extend": extend,
-            "control": control, "decision": pick, "grid_decision": grid_choice,
+            "control": control, "budget": budget, "sweep_x_baseline": sweep_s / t_base,
+            "decision": pick, "grid_decision": grid_choice,
             "same_decision": pick == grid_choice, "outcome": plan.outcome,
             "cost_x_baseline": spent / t_base, "rounds": rounds, "errors": errors,
             "median_abs_T_error": statistics.median(abs(e["T_error"]) for e in errors)
@@ -200,6 +236,8 @@ def main() -> None:
     ap.add_argument("--extend", default="promising,undecided",
                     help="spending extension rules to compare (profile.probe_extend)")
     ap.add_argument("--control", action="store_true", help="probe the fixed-LR control too")
+    ap.add_argument("--budgets", default="none",
+                    help="profile.probe_budget values to compare, x baseline T ('none': no limit)")
     ap.add_argument("--batches", default=None,
                     help="candidate B values to keep (default: every configuration of the grid)")
     ap.add_argument("--truth", type=Path, default=None,
@@ -211,22 +249,25 @@ def main() -> None:
         doc["truth"] = json.loads(args.truth.read_text().strip().splitlines()[-1])
     keep = None if args.batches is None else {int(b) for b in args.batches.split(",")}
     out = []
-    for f in (float(x) for x in args.fractions.split(",")):
-        for rule in args.extend.split(","):
-            r = replay(doc, f, args.max_fraction, rule, args.control, keep)
-            out.append(r)
-            print(f"fraction {f} cap {args.max_fraction} extend {rule}: decision {r['decision']}"
-                  f" (grid: {r['grid_decision']}, same: {r['same_decision']}), outcome "
-                  f"{r['outcome']}, cost {r['cost_x_baseline']:.2f}x baseline T")
-            for e in r["errors"]:
-                print(f"    {e['trial']:>18} B={e['B']:<4} predicted T/T_ref "
-                      f"{e['predicted_ratio']:.2f} measured {e['measured_ratio']:.2f} "
-                      f"(error {e['ratio_error']:+.0%}, inside interval: {e['inside']}); r "
-                      f"{e['predicted_r']:.2f} against {e['measured_r']:.2f}, q_ref / q "
-                      f"{e['predicted_q_ratio']:.2f} against {e['measured_q_ratio']:.2f}")
-            if r["errors"]:
-                print(f"    median |T error| {r['median_abs_T_error']:.0%}, median |ratio "
-                      f"error| {r['median_abs_ratio_error']:.0%}")
+    budgets = [None if b == "none" else float(b) for b in args.budgets.split(",")]
+    settings = [(f, rule, b) for f in (float(x) for x in args.fractions.split(","))
+                for rule in args.extend.split(",") for b in budgets]
+    for f, rule, b in settings:
+        r = replay(doc, f, args.max_fraction, rule, args.control, keep, budget=b)
+        out.append(r)
+        print(f"fraction {f} cap {args.max_fraction} extend {rule} budget {b}: decision "
+              f"{r['decision']} (grid: {r['grid_decision']}, same: {r['same_decision']}), "
+              f"outcome {r['outcome']}, cost {r['cost_x_baseline']:.2f}x baseline T "
+              f"(decode sweep {r['sweep_x_baseline']:.2f}x of it)")
+        for e in r["errors"]:
+            print(f"    {e['trial']:>18} B={e['B']:<4} predicted T/T_ref "
+                  f"{e['predicted_ratio']:.2f} measured {e['measured_ratio']:.2f} "
+                  f"(error {e['ratio_error']:+.0%}, inside interval: {e['inside']}); r "
+                  f"{e['predicted_r']:.2f} against {e['measured_r']:.2f}, q_ref / q "
+                  f"{e['predicted_q_ratio']:.2f} against {e['measured_q_ratio']:.2f}")
+        if r["errors"]:
+            print(f"    median |T error| {r['median_abs_T_error']:.0%}, median |ratio "
+                  f"error| {r['median_abs_ratio_error']:.0%}")
     floor = one_seed_floor(doc, keep)
     if floor["runs"]:
         print(f"one seed of each candidate run to the target (paired with the baseline's seed):"

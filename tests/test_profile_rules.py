@@ -242,7 +242,8 @@ def test_probe_confirmation_stops_once_it_cannot_beat_the_baseline(tmp_path):
     from rlbatch.profile.probing import run_probe_profile
 
     cfg = quick("profile.prompts_per_step=[32]", "profile.fixed_lr_control=false",
-                "profile.concurrency=[]", f"output_dir={tmp_path / 'runs'}")
+                "profile.concurrency=[]", "profile.probe_fraction=0.25",
+                "profile.probe_budget=null", f"output_dir={tmp_path / 'runs'}")
     acc = lambda s: 0.30 + s / 20000  # crosses step 0 + 0.15 at 3,000 samples
     base = [(s, s / 100, acc(s)) for s in range(0, 4097, 128)]  # T_base = 30 s
     probe = [(s, s / 100, acc(s) + (0.004 if (s // 128) % 2 else -0.004))
@@ -262,3 +263,56 @@ def test_probe_confirmation_stops_once_it_cannot_beat_the_baseline(tmp_path):
     assert last["outcome"] == "not_confirmed"
     assert last["measured_ratio_at_least"]["sqrt-P32-s0"] > 1.0
     assert doc["decision"]["is_reference"]
+
+
+def test_probe_budget_stops_the_confirmation_and_the_control_is_not_probed(tmp_path):
+    """The same aligned, 3x-faster probe, under profile.probe_budget = 1.5 (45 s with T_base
+    30 s). The fixed-LR control is configured but not probed (profile.probe_control is off
+    by default). After the baseline (30 s) and the probes, the confirmation may train only
+    to what the budget leaves it; it is stopped there (stop code `profile_budget`), long
+    before it would reach the baseline's time, the outcome is `over_budget` and the
+    baseline is kept."""
+    from rlbatch.profile.probing import run_probe_profile
+
+    cfg = quick("profile.prompts_per_step=[32]", "profile.concurrency=[]",
+                "profile.probe_fraction=0.25", "profile.probe_budget=1.5",
+                f"output_dir={tmp_path / 'runs'}")
+    assert cfg.profile.fixed_lr_control and not cfg.profile.probe_control
+    acc = lambda s: 0.30 + s / 20000
+    base = [(s, s / 100, acc(s)) for s in range(0, 3073, 128)]  # ends at its crossing
+    probe = [(s, s / 100, acc(s) + (0.004 if (s // 128) % 2 else -0.004))
+             for s in range(0, 4097, 128)]
+    # aligned and 3x faster through its probe, then it stops learning at the same speed
+    cand = [(s, s / 300, acc(min(s, 1024))) for s in range(0, 16385, 256)]
+    ex = ResumingExecutor({"base-P16-s0": base, "base-P16-s1": probe, "sqrt-P32-s0": cand})
+    doc = run_probe_profile(cfg, tmp_path, ex, poll_s=0.0)
+    assert [t["kind"] for t in doc["trials"]] == ["baseline", "baseline", "sqrt"]
+    assert doc["rounds"][0]["plan"]["confirm"] == "sqrt-P32-s0"
+    winner = next(t for t in doc["trials"] if t["trial"] == "sqrt-P32-s0")
+    others = sum(t["train_s"] for t in doc["trials"] if t is not winner)
+    allowance = 45.0 - others
+    assert winner["stop_code"] == "profile_budget"
+    # asked once two more steps (256 / 300 s each) would pass the allowance, so the step
+    # under way ends within it
+    assert allowance - 3 * 256 / 300 < winner["train_s"] <= allowance
+    assert winner["train_s"] < 30.0  # short of the baseline's time: nothing was measured
+    last = doc["rounds"][-1]["plan"]
+    assert last["outcome"] == "over_budget" and last["measured_ratio"] == {}
+    assert last["stopped_by_budget"]["sqrt-P32-s0"]["samples"] == winner["samples"]
+    assert doc["decision"]["is_reference"] and "probe_budget" in doc["decision"]["evidence"]
+    assert doc["cost"]["total_s"] <= 45.0
+    d = doc["decision"]
+    assert d["unconfirmed"] == "sqrt-P32-s0" and d["predicted_time_ratio"] < 1.0
+    # the suggested budget leaves room to settle it: re-run with it, the stopped
+    # confirmation is read as a longer probe and continued (the same run, not a new one);
+    # past its probe it learns nothing, so it is dropped or measured slower
+    budget = float(d["next"].split("probe_budget=")[1].split(":")[0])
+    cfg2 = quick("profile.prompts_per_step=[32]", "profile.concurrency=[]",
+                 "profile.probe_fraction=0.25", f"profile.probe_budget={budget}",
+                 f"output_dir={tmp_path / 'runs'}")
+    doc2 = run_probe_profile(cfg2, tmp_path, ex, poll_s=0.0)
+    again = next(t for t in doc2["trials"] if t["trial"] == "sqrt-P32-s0")
+    assert again["run_dir"] == winner["run_dir"] and again["samples"] > winner["samples"]
+    assert doc2["rounds"][-1]["plan"]["outcome"] in ("not_confirmed", "keep_baseline")
+    assert doc2["decision"]["is_reference"] and "next" not in doc2["decision"]
+    assert doc2["cost"]["total_s"] <= budget * 30.0

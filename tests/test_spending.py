@@ -9,14 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbatch.profile.spending import Candidate, plan_next
+from rlbatch.profile.spending import Candidate, Plan, fit_budget, plan_next
 
 CAP = 8192
 
 
-def pred(t, lo, hi, verdict="aligned", problem=None):
-    """A prediction with time ratio t (T_cand / T_base) in [lo, hi]."""
-    return {"time_ratio": t, "time_ratio_ci": [lo, hi], "verdict": verdict, "problem": problem}
+def pred(t, lo, hi, verdict="aligned", problem=None, q=None):
+    """A prediction with time ratio t (T_cand / T_base) in [lo, hi] (and throughput q)."""
+    return {"time_ratio": t, "time_ratio_ci": [lo, hi], "verdict": verdict, "problem": problem,
+            "throughput": q}
 
 
 def test_slower_and_departed_candidates_are_dropped_and_the_baseline_kept():
@@ -87,6 +88,49 @@ def test_a_prediction_with_a_problem_is_extended_not_trusted():
     plan = plan_next([Candidate("B128", 512, pred(
         0.5, 0.4, 0.6, problem="the probe has 1 evaluation(s)"))], cap=CAP)
     assert plan.extend == {"B128": 1024} and plan.confirm is None
+
+
+def test_the_budget_reserves_the_best_confirmation_then_grants_extensions_by_promise():
+    """T_base 100 s. The best candidate (ratio 0.5, 10 s run) needs 40 s more to confirm; the
+    rest of what is left goes to extensions, most promising first; what does not fit is
+    refused with its projected cost."""
+    cands = [Candidate("best", 1000, pred(0.5, 0.3, 1.1, "inconclusive", q=100.0), train_s=10),
+             Candidate("next", 1000, pred(0.8, 0.5, 1.2, "inconclusive", q=100.0), train_s=10),
+             Candidate("last", 1000, pred(0.9, 0.5, 1.3, "inconclusive", q=50.0), train_s=20)]
+    plan = Plan(extend={"best": 2000, "next": 2000, "last": 2000})
+    # left 60: reserve 40 (0.5 x 100 - 10); best's own extension (10 s) comes out of its
+    # reserve; next costs 10 s and fits the 20 s of room; last costs 20 s and does not
+    granted, refused = fit_budget(plan, cands, left_s=60.0, base_time=100.0)
+    assert granted == {"best": 2000, "next": 2000}
+    assert refused == {"last": pytest.approx(20.0)}
+    # with room for everything, everything is granted
+    granted, refused = fit_budget(plan, cands, left_s=1000.0, base_time=100.0)
+    assert set(granted) == {"best", "next", "last"} and not refused
+    # with nothing beyond the reserve, only the best's own extension fits
+    granted, refused = fit_budget(plan, cands, left_s=40.0, base_time=100.0)
+    assert granted == {"best": 2000} and set(refused) == {"next", "last"}
+    # the reserve does not cover an extension longer than the confirmation's remainder
+    long = Plan(extend={"best": 6000})  # 50 s to go at q = 100, 40 s reserved
+    assert fit_budget(long, cands, left_s=45.0, base_time=100.0)[0] == {}
+    assert fit_budget(long, cands, left_s=50.0, base_time=100.0)[0] == {"best": 6000}
+
+
+def test_without_a_promising_candidate_nothing_is_reserved_and_a_blind_probe_is_granted():
+    cands = [Candidate("slow", 1000, pred(1.1, 0.7, 1.5, "inconclusive", q=100.0)),
+             Candidate("blind", 200, None)]  # no prediction, no throughput: cost unknown
+    plan = Plan(extend={"slow": 2000, "blind": 400})
+    granted, refused = fit_budget(plan, cands, left_s=10.0, base_time=100.0)
+    assert granted == {"slow": 2000, "blind": 400} and not refused
+    granted, refused = fit_budget(plan, cands, left_s=5.0, base_time=100.0)
+    assert granted == {"blind": 400} and refused == {"slow": pytest.approx(10.0)}
+    assert fit_budget(plan, cands, left_s=0.0, base_time=100.0) == ({}, {"blind": None,
+                                                                        "slow": 10.0})
+
+
+def test_a_confirmation_stopped_by_the_budget_keeps_the_baseline():
+    plan = plan_next([Candidate("B256", 5000, pred(0.7, 0.6, 0.85), over_budget=True)],
+                     cap=CAP)
+    assert plan.finished and plan.outcome == "over_budget" and plan.winner is None
 
 
 intervals = st.tuples(st.floats(0.1, 3.0), st.floats(0.0, 0.5), st.floats(0.0, 0.5),

@@ -122,9 +122,11 @@ def probe_decision_line(d: dict) -> str:
             f"use B={d['sequences_per_step']} lr {d['lr']:.3g}")
     ratio = d.get("predicted_time_ratio")
     ci = d.get("predicted_time_ratio_ci") or [None, None]
-    pred = (f"; predicted T/T_base {ratio:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+    whose = f" of {d['unconfirmed']}" if d.get("unconfirmed") else ""
+    pred = (f"; predicted T/T_base{whose} {ratio:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
             if ratio is not None and None not in ci else "")
-    return f"decision: {what} ({d['outcome']}, evidence: {d['evidence']}{pred})"
+    line = f"decision: {what} ({d['outcome']}, evidence: {d['evidence']}{pred})"
+    return line + (f"\nnext: {d['next']}" if d.get("next") else "")
 
 
 def register(app: typer.Typer) -> None:

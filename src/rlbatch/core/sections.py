@@ -276,7 +276,7 @@ class ProfileConfig(_Strict):
     strategy: Literal["full", "probe"] = Field(
         "full", description="full: every candidate towards the target (early stops); probe: "
         "short probes, predicted time to target, only the predicted winner run to the target")
-    probe_fraction: float = Field(0.25, gt=0, le=1, description="probe: first probe length, "
+    probe_fraction: float = Field(0.15, gt=0, le=1, description="probe: first probe length, "
                                   "as a fraction of the baseline's N*")
     probe_max_fraction: float = Field(0.6, gt=0, le=1, description="probe: longest probe "
                                       "(probes double while undecided), fraction of N*")
@@ -284,6 +284,14 @@ class ProfileConfig(_Strict):
         "promising", description="probe: which undecided candidates get a longer probe: "
         "promising (only those predicted faster than the baseline, the ones that could be "
         "confirmed) or undecided (all whose interval contains 1)")
+    probe_budget: float | None = Field(
+        2.0, ge=1, le=1000, description="probe: the most the profile may spend, in training "
+        "seconds (decode sweep included) as a multiple of the baseline's time to target; "
+        "probe extensions and the confirmation stay within it (a confirmation it stops ends "
+        "with outcome over_budget, and the baseline is kept); the first probes always run; "
+        "null: no limit")
+    probe_control: bool = Field(False, description="probe: also probe the fixed-LR control "
+                                "(reported only: the probe decision never uses it)")
 
     @model_validator(mode="after")
     def _positive(self) -> ProfileConfig:

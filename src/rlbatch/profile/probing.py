@@ -5,9 +5,10 @@ a fraction of that (docs/design.md, Method, "probes"):
 
 1. the decode sweep, as in the full procedure;
 2. the baseline at (B0, eta0), one seed to the target (its N* sets every probe's length);
-3. probes: a second baseline seed and one seed of each candidate (sqrt-scaled, and the
-   fixed-LR control when configured), each stopped after `profile.probe_fraction` x N*_base
-   samples (stop code `probe`; a stopped probe keeps its checkpoint and can be continued);
+3. probes: a second baseline seed and one seed of each sqrt-scaled candidate (and of the
+   fixed-LR control with `profile.probe_control`; reported, never part of the decision),
+   each stopped after `profile.probe_fraction` x N*_base samples (stop code `probe`; a
+   stopped probe keeps its checkpoint and can be continued);
 4. predictions (analysis/prediction.py): each probe's curve against the baseline's two
    seeds gives its sample-efficiency ratio r and alignment verdict, its steady-state
    throughput q, and the time ratio T_cand / T_base = r x q_base / q_cand with an interval;
@@ -15,7 +16,10 @@ a fraction of that (docs/design.md, Method, "probes"):
    undecided (probes double, up to `profile.probe_max_fraction` x N*_base), then confirm
    the predicted winner by continuing its probe to the target, or until it has trained
    longer than the baseline's time to target without reaching it (stop code `cannot_win`:
-   it cannot be faster, so the outcome is settled);
+   it cannot be faster, so the outcome is settled); all of it within `profile.probe_budget`
+   x T_base training seconds (decode sweep included): extensions only where they fit
+   (`spending.fit_budget`), and the confirmation stopped where the budget ends (stop code
+   `profile_budget`, outcome `over_budget`: the baseline is kept);
 6. `profile.json`: the decision with what it rests on (predictions, the confirmation), every
    round of spending, the analysis of all runs (as `rlbatch analyze` gives it), and the cost
    against one baseline run's time to target and against the exhaustive grid.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,10 +55,11 @@ from rlbatch.profile.procedure import (
     choose_concurrency,
     early_stop_reason,
 )
-from rlbatch.profile.spending import Candidate, Plan, plan_next
+from rlbatch.profile.spending import Candidate, Plan, fit_budget, plan_next
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
 
 PROBE_CODE = "probe"
+BUDGET_CODE = "profile_budget"
 GRID_SEEDS = 3  # the exhaustive grid the cost is compared with: every configuration, 3 seeds
 
 
@@ -62,6 +68,25 @@ def probe_stop_reason(st: dict, limit: int) -> str | None:
     if st["target"].get("reached") or st["samples"] < limit:
         return None
     return f"{PROBE_CODE}: {st['samples']:,} samples, the probe's length {limit:,}"
+
+
+def budget_stop_reason(st: dict, allowance_s: float, step_s: float = 0.0) -> str | None:
+    """Stop a confirmation before its training seconds pass `allowance_s`, what the profile's
+    budget leaves it (unless it already reached the target). A stop asked after one step
+    takes effect after the next, which is under way by then; so it is asked once two more
+    steps (`step_s` each, the longest its probe took) would reach the allowance."""
+    if st["target"].get("reached") or st["train_s"] + 2 * step_s < allowance_s:
+        return None
+    return (f"{BUDGET_CODE}: {st['train_s']:.1f} training seconds, all that "
+            f"profile.probe_budget leaves this confirmation")
+
+
+def longest_step(run: Run, skip_steps: int = 1) -> float:
+    """The longest step's training seconds after the first `skip_steps` (warm-up), or the
+    longest of all when there are no others: what the next step may take."""
+    secs = step_increments(run)[1]
+    rest = secs[skip_steps:] if len(secs) > skip_steps else secs
+    return float(rest.max()) if len(rest) else 0.0
 
 
 def reopen(trial: Trial) -> None:
@@ -113,12 +138,21 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
     first = max(1, int(prof.probe_fraction * nstar))
     cap = max(first, int(prof.probe_max_fraction * nstar))
     base_probe = plan_trials(cfg, runs, c, [cfg.seed + 1], kinds=("baseline",))[0]
-    cands = plan_trials(cfg, runs, c, [cfg.seed], kinds=("sqrt", "control"), eval_every=every)
+    kinds = ("sqrt", "control") if prof.probe_control else ("sqrt",)
+    cands = plan_trials(cfg, runs, c, [cfg.seed], kinds=kinds, eval_every=every)
     family = [t for t in cands if t.kind == "sqrt"]
     limits = {t.name: first for t in [base_probe, *cands]}
-    journal.log("probing", nstar_base=nstar, first=first, cap=cap, eval_every=every)
+    t_base = ev["median_time"]
+    budget_s = math.inf if prof.probe_budget is None else prof.probe_budget * t_base
+
+    def spent() -> float:
+        return sum(_status(t)["train_s"] for t in driver.all) + (decode.get("seconds") or 0.0)
+
+    journal.log("probing", nstar_base=nstar, first=first, cap=cap, eval_every=every,
+                budget_s=None if budget_s == math.inf else budget_s)
     rounds: list[dict] = []
     dropped: set[str] = set()
+    cut_name = None  # the confirmation the budget stopped, if any
     while True:
         todo = [t for t in [base_probe, *cands] if t.name not in dropped]
         for t in todo:
@@ -126,10 +160,18 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
                 reopen(t)
         driver.run(todo, lambda st: probe_stop_reason(st, limits[st["trial"]]))
         preds = _predictions(cfg, base, base_probe, cands)
-        plan = plan_next([Candidate(t.name, _status(t)["samples"], preds[t.name])
-                          for t in family if t.name not in dropped], cap=cap,
-                         extend=prof.probe_extend)
-        rounds.append(_round(plan, preds, limits))
+        live = [Candidate(t.name, _status(t)["samples"], preds[t.name],
+                          train_s=_status(t)["train_s"])
+                for t in family if t.name not in dropped]
+        plan = plan_next(live, cap=cap, extend=prof.probe_extend)
+        refused: dict = {}
+        if plan.extend and budget_s < math.inf:
+            granted, refused = fit_budget(plan, live, left_s=budget_s - spent(),
+                                          base_time=t_base)
+            # nothing fits: settle on the probes as they stand (no more extensions)
+            plan = replace(plan, extend=granted) if granted else \
+                plan_next(live, cap=0, extend=prof.probe_extend)
+        rounds.append(_round(plan, preds, limits, refused=refused))
         journal.log("spending", **rounds[-1]["plan"])
         dropped |= set(plan.drop)
         if not plan.extend:
@@ -137,21 +179,42 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         limits.update(plan.extend)
     if plan.confirm:
         winner = next(t for t in family if t.name == plan.confirm)
-        reopen(winner)
-        journal.log("confirming", trial=winner.name)
-        # stopped (`cannot_win`) once past the baseline's time without the target: its ratio
-        # is then above 1 whatever follows, and the outcome (`not_confirmed`) is settled
-        driver.run([winner], lambda st: early_stop_reason(st, ev["median_time"], math.inf))
+        allowance = budget_s - (spent() - _status(winner)["train_s"])
+        step_s = longest_step(read_run(winner.run_dir()))
+        started = _status(winner)["train_s"] + 2 * step_s < allowance
+        if started:
+            reopen(winner)
+            journal.log("confirming", trial=winner.name,
+                        allowance_s=None if allowance == math.inf else allowance)
+            # stopped (`cannot_win`) once past the baseline's time without the target: its
+            # ratio is then above 1 whatever follows, and the outcome (`not_confirmed`) is
+            # settled; or stopped where the budget ends (`over_budget`: nothing measured)
+            driver.run([winner], lambda st: early_stop_reason(st, t_base, math.inf)
+                       or budget_stop_reason(st, allowance, step_s))
         t_win, st = _measured(winner, cfg)["time_to_target"], _status(winner)
-        ratio = t_win / ev["median_time"] if t_win is not None else float("inf")
+        cut = t_win is None and (not started or st["stop_code"] == BUDGET_CODE)
+        cut_name = winner.name if cut else None
+        ratio = t_win / t_base if t_win is not None else float("inf")
         plan = plan_next([Candidate(winner.name, st["samples"], preds[winner.name],
-                                    measured_ratio=ratio)], cap=cap)
+                                    measured_ratio=None if cut else ratio,
+                                    over_budget=cut)], cap=cap)
         # without a crossing, the training seconds it ran bound its ratio from below
-        at_least = {} if t_win is not None else {winner.name: st["train_s"] / ev["median_time"]}
-        rounds.append(_round(plan, preds, limits, measured={winner.name: ratio},
-                             at_least=at_least))
+        at_least = {} if t_win is not None or cut else {winner.name: st["train_s"] / t_base}
+        rounds.append(_round(plan, preds, limits, measured={} if cut else {winner.name: ratio},
+                             at_least=at_least,
+                             budget_cut={winner.name: {"samples": st["samples"],
+                                                       "train_s": st["train_s"]}}
+                             if cut else None))
         journal.log("spending", **rounds[-1]["plan"])
-    decision = _decision(cfg, base, family, plan, preds, ev, c)
+    decision = _decision(cfg, base, family, plan, preds, ev, c, cut=cut_name)
+    if cut_name is not None:
+        # what would settle it: the confirmation runs at most to the baseline's time
+        ran = _status(next(t for t in family if t.name == cut_name))["train_s"]
+        enough = (spent() - ran + t_base) / t_base
+        decision["next"] = (f"re-run the same command with --set profile.probe_budget="
+                            f"{math.ceil(enough * 10) / 10:g}: it continues from these runs "
+                            f"(the stopped confirmation of {cut_name} counts as a longer "
+                            f"probe) with room to settle it")
     return _write(cfg, out, driver, decode, decision, None, rounds, preds, base=base)
 
 
@@ -172,26 +235,34 @@ def _predictions(cfg: Config, base: Trial, base_probe: Trial, cands: list[Trial]
 
 
 def _round(plan: Plan, preds: dict, limits: dict, measured: dict | None = None,
-           at_least: dict | None = None) -> dict:
+           at_least: dict | None = None, refused: dict | None = None,
+           budget_cut: dict | None = None) -> dict:
     return {"plan": {"extend": plan.extend, "drop": plan.drop, "open": plan.open,
                      "confirm": plan.confirm, "outcome": plan.outcome, "winner": plan.winner,
                      "measured_ratio": measured or {},
-                     "measured_ratio_at_least": at_least or {}},
+                     "measured_ratio_at_least": at_least or {},
+                     "refused_for_budget": refused or {},
+                     "stopped_by_budget": budget_cut or {}},
             "predicted_ratio": {k: p["time_ratio"] for k, p in preds.items()},
             "limits": dict(limits)}
 
 
 def _decision(cfg: Config, base: Trial, family: list[Trial], plan: Plan, preds: dict,
-              ev: dict, concurrency: int) -> dict:
+              ev: dict, concurrency: int, cut: str | None = None) -> dict:
     """The configuration to use and what the choice rests on."""
     chosen = next((t for t in family if t.name == plan.winner), base)
     pred = preds.get(chosen.name) if chosen is not base else None
+    if cut:  # the baseline is kept, but the prediction that was not confirmed is shown
+        pred = preds.get(cut)
     return {"trial": chosen.name, "is_reference": chosen is base,
             "prompts_per_step": chosen.prompts_per_step,
             "samples_per_prompt": cfg.batch.samples_per_prompt,
             "sequences_per_step": chosen.sequences_per_step, "lr": chosen.config.actor_lr,
             "generation_concurrency": concurrency, "outcome": plan.outcome,
-            "evidence": "probes" + (" + one seed to the target" if pred else ""),
+            "evidence": "probes" + (" + one seed to the target" if pred and not cut else "")
+            + (f"; the confirmation of {cut} was stopped by profile.probe_budget"
+               if cut else ""),
+            "unconfirmed": cut,
             "predicted_time_ratio": pred["time_ratio"] if pred else None,
             "predicted_time_ratio_ci": pred["time_ratio_ci"] if pred else None,
             "baseline_time_to_target": ev["median_time"],

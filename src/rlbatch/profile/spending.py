@@ -31,10 +31,19 @@ applied to every candidate of the reference's LR-scaling family in this order:
    measured. With neither, the outcome is `keep_baseline`.
 5. A confirmation ends the procedure: `indicated` when the winner's measured ratio (its time
    to target over the baseline's, one seed each) is below 1, `not_confirmed` otherwise (the
-   baseline is then kept; a second winner is not tried, so the cost stays bounded). One
+   baseline is then kept; a second winner is not tried, so the cost stays bounded),
+   `over_budget` when the profile's budget ran out before the confirmation reached the
+   target or the baseline's time (the baseline is kept; nothing was measured). One
    seed on each side is an indication, never `established` in the sense of `rlbatch
    analyze` (an interval across seeds wholly below 1, analysis/selection.py): the words are
    kept apart, and the profile's decision names its evidence.
+
+A budget (`profile.probe_budget`, in training seconds) bounds rules 3 and 4: `fit_budget`
+grants only the extensions whose projected cost (samples to go over the probe's measured
+throughput) fits in what is left after reserving the predicted cost of confirming the
+candidate with the lowest predicted ratio below 1; with nothing granted the probes are
+settled as they stand (rule 4 with no more extensions). The confirmation itself is stopped
+by the caller where the budget ends (profile/probing.py).
 
 Nothing here decides on one seed what the full analysis decides on several: `rlbatch
 analyze` on the same runs still reports its own verdicts; spending only chooses which runs
@@ -50,12 +59,16 @@ from dataclasses import dataclass, field
 class Candidate:
     """A candidate's probe so far. `prediction` is `predict(...)`'s dict (None before the
     first probe has been read); `samples` what its run has done; `measured_ratio` its time
-    to target over the baseline's once it has reached the target (confirmation)."""
+    to target over the baseline's once it has reached the target (confirmation);
+    `over_budget` when its confirmation was stopped by the profile's budget; `train_s` its
+    training seconds so far (for the budget)."""
 
     config: str
     samples: int
     prediction: dict | None = None
     measured_ratio: float | None = None
+    over_budget: bool = False
+    train_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,7 +77,7 @@ class Plan:
     drop: dict[str, str] = field(default_factory=dict)  # config -> reason
     open: list[str] = field(default_factory=list)  # undecided, not extended (at the cap or not promising)
     confirm: str | None = None  # run this one to the target
-    outcome: str | None = None  # indicated | not_confirmed | keep_baseline (when finished)
+    outcome: str | None = None  # indicated | not_confirmed | over_budget | keep_baseline
     winner: str | None = None
 
     @property
@@ -91,6 +104,8 @@ def plan_next(cands: list[Candidate], *, cap: int, growth: float = 2.0,
     samples; `extend` one of EXTEND_RULES (rule 3)."""
     if extend not in EXTEND_RULES:
         raise ValueError(f"extend must be one of {EXTEND_RULES}, not {extend!r}")
+    if any(c.over_budget for c in cands):
+        return Plan(outcome="over_budget")
     confirmed = [c for c in cands if c.measured_ratio is not None]
     if confirmed:
         c = confirmed[0]
@@ -131,3 +146,48 @@ def plan_next(cands: list[Candidate], *, cap: int, growth: float = 2.0,
         return Plan(drop=drop, open=open_, outcome="keep_baseline")
     best = min(winners, key=lambda c: (c.prediction["time_ratio"], c.config))
     return Plan(drop=drop, open=[n for n in open_ if n != best.config], confirm=best.config)
+
+
+def _seconds_to(c: Candidate, samples: int) -> float | None:
+    """Projected training seconds for `c` to go from where it is to `samples`, at its probe's
+    steady-state throughput (None when the probe has none yet)."""
+    q = (c.prediction or {}).get("throughput")
+    return max(0.0, samples - c.samples) / q if q else None
+
+
+def fit_budget(plan: Plan, cands: list[Candidate], *, left_s: float, base_time: float
+               ) -> tuple[dict[str, int], dict[str, float | None]]:
+    """The extensions of `plan` that fit in `left_s` training seconds, and those refused
+    (config -> projected seconds). Before any extension, the budget reserves the predicted
+    cost of confirming the most promising candidate (lowest point ratio below 1): its
+    predicted time to target, ratio x `base_time`, less the seconds it has already run (a
+    confirmation continues its probe, so extending that candidate spends its reserve
+    first). Extensions are granted in order of promise (no usable prediction first, then
+    lowest predicted ratio) while they fit; one whose cost cannot be projected (no
+    throughput yet: nothing about it can be decided without a longer probe) is granted
+    while any room is left."""
+    by = {c.config: c for c in cands}
+    ratio = {n: (by[n].prediction or {}).get("time_ratio") for n in by}
+    promising = [by[n] for n in by if ratio[n] is not None and ratio[n] < 1.0]
+    best = min(promising, key=lambda c: (ratio[c.config], c.config)) if promising else None
+    reserve = 0.0 if best is None else max(0.0, ratio[best.config] * base_time - best.train_s)
+    room = left_s - reserve
+    granted: dict[str, int] = {}
+    refused: dict[str, float | None] = {}
+    order = sorted(plan.extend, key=lambda n: (ratio.get(n) is not None, ratio.get(n) or 0.0, n))
+    for name in order:
+        cost = _seconds_to(by[name], plan.extend[name]) if name in by else None
+        if cost is None:
+            if room > 0:
+                granted[name] = plan.extend[name]
+            else:
+                refused[name] = None
+            continue
+        if best is not None and name == best.config:
+            cost = max(0.0, cost - reserve)  # the reserve already pays for this much of it
+        if cost <= room:
+            granted[name] = plan.extend[name]
+            room -= cost
+        else:
+            refused[name] = cost
+    return granted, refused

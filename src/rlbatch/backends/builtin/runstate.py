@@ -56,7 +56,7 @@ _LOGS = ("steps.jsonl", "evals.jsonl", REWARD_ERRORS)
 _OWN_FILES = ("config.yaml", "manifest.json", "summary.json", *_LOGS)
 _FAULT_KEYS = ("errors", "timeouts", "nonfinite")
 STOP_FILE = "STOP"  # its text is "<code>: <detail>"; checked after every step
-STOP_CODES = ("cannot_win", "no_crossing", "probe")
+STOP_CODES = ("cannot_win", "no_crossing", "probe", "profile_budget")
 
 
 def failure_line(exc: BaseException) -> str:
