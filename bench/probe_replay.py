@@ -23,7 +23,7 @@ grid, so agreement is measured in-sample (the real probe profile's runs are fres
 Prints one block per setting and one JSON line.
 
     .venv/bin/python bench/probe_replay.py /tmp/p14/quick-grid --fractions 0.15,0.25 \\
-        --extend promising,undecided
+        --extend promising,undecided --budgets 2,none
 
 With a grid wider than the profile (the study's 6-configuration grids), `--batches` keeps
 the candidates the profile would probe and `--truth` takes `rlbatch analyze --json` of the
@@ -194,6 +194,10 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
                        "measured_q_ratio": real["q_ratio"],
                        "T_error": p["time_to_target"] / real["T"] - 1,
                        "ratio_error": p["time_ratio"] / real["ratio"] - 1,
+                       # the same probe's q with r = 1 (alignment assumed, as the sqrt rule
+                       # intends): what the fitted r adds, or costs, against it
+                       "q_only_ratio_error": p["base_throughput"] / p["throughput"]
+                       / real["ratio"] - 1,
                        "inside": p["time_ratio_ci"][0] is not None
                        and p["time_ratio_ci"][0] <= real["ratio"] <= p["time_ratio_ci"][1]})
     pick = ref if chosen is None else next(
@@ -207,7 +211,9 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
             "median_abs_T_error": statistics.median(abs(e["T_error"]) for e in errors)
             if errors else None,
             "median_abs_ratio_error": statistics.median(abs(e["ratio_error"]) for e in errors)
-            if errors else None}
+            if errors else None,
+            "median_abs_q_only_ratio_error": statistics.median(
+                abs(e["q_only_ratio_error"]) for e in errors) if errors else None}
 
 
 def one_seed_floor(doc: dict, batches: set[int] | None = None) -> dict:
@@ -231,12 +237,13 @@ def one_seed_floor(doc: dict, batches: set[int] | None = None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("grid", type=Path, help="profile directory of the exhaustive grid")
-    ap.add_argument("--fractions", default="0.25", help="first probe length, x N*_base")
+    ap.add_argument("--fractions", default="0.15",
+                    help="first probe lengths to compare, x N*_base (profile.probe_fraction)")
     ap.add_argument("--max-fraction", type=float, default=0.6, help="probe cap, x N*_base")
-    ap.add_argument("--extend", default="promising,undecided",
+    ap.add_argument("--extend", default="promising",
                     help="spending extension rules to compare (profile.probe_extend)")
     ap.add_argument("--control", action="store_true", help="probe the fixed-LR control too")
-    ap.add_argument("--budgets", default="none",
+    ap.add_argument("--budgets", default="2",
                     help="profile.probe_budget values to compare, x baseline T ('none': no limit)")
     ap.add_argument("--batches", default=None,
                     help="candidate B values to keep (default: every configuration of the grid)")
@@ -267,7 +274,8 @@ def main() -> None:
                   f"{e['predicted_q_ratio']:.2f} against {e['measured_q_ratio']:.2f}")
         if r["errors"]:
             print(f"    median |T error| {r['median_abs_T_error']:.0%}, median |ratio "
-                  f"error| {r['median_abs_ratio_error']:.0%}")
+                  f"error| {r['median_abs_ratio_error']:.0%}; with r = 1 (q alone) "
+                  f"{r['median_abs_q_only_ratio_error']:.0%}")
     floor = one_seed_floor(doc, keep)
     if floor["runs"]:
         print(f"one seed of each candidate run to the target (paired with the baseline's seed):"

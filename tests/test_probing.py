@@ -85,3 +85,5 @@ def test_probe_profile_resumes_and_confirms_the_predicted_winner(probed):
     cost = doc["cost"]
     assert cost["grid_estimate_s"] > cost["total_s"] > 0
     assert cost["multiple_of_baseline_time_to_target"] > 1
+    # the winner was confirmed within the default profile.probe_budget (2x)
+    assert cost["multiple_of_baseline_time_to_target"] <= 2.0

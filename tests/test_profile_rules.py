@@ -306,7 +306,7 @@ def test_probe_budget_stops_the_confirmation_and_the_control_is_not_probed(tmp_p
     # the suggested budget leaves room to settle it: re-run with it, the stopped
     # confirmation is read as a longer probe and continued (the same run, not a new one);
     # past its probe it learns nothing, so it is dropped or measured slower
-    budget = float(d["next"].split("probe_budget=")[1].split(":")[0])
+    budget = float(d["next"].split("at least ")[1].split()[0])
     cfg2 = quick("profile.prompts_per_step=[32]", "profile.concurrency=[]",
                  "profile.probe_fraction=0.25", f"profile.probe_budget={budget}",
                  f"output_dir={tmp_path / 'runs'}")

@@ -109,6 +109,11 @@ def test_the_budget_reserves_the_best_confirmation_then_grants_extensions_by_pro
     # with nothing beyond the reserve, only the best's own extension fits
     granted, refused = fit_budget(plan, cands, left_s=40.0, base_time=100.0)
     assert granted == {"best": 2000} and set(refused) == {"next", "last"}
+    # less than the reserve: not even the best's own extension; refusals show full costs
+    granted, refused = fit_budget(plan, cands, left_s=30.0, base_time=100.0)
+    assert granted == {} and refused == {"best": pytest.approx(10.0),
+                                         "next": pytest.approx(10.0),
+                                         "last": pytest.approx(20.0)}
     # the reserve does not cover an extension longer than the confirmation's remainder
     long = Plan(extend={"best": 6000})  # 50 s to go at q = 100, 40 s reserved
     assert fit_budget(long, cands, left_s=45.0, base_time=100.0)[0] == {}

@@ -211,10 +211,12 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         # what would settle it: the confirmation runs at most to the baseline's time
         ran = _status(next(t for t in family if t.name == cut_name))["train_s"]
         enough = (spent() - ran + t_base) / t_base
-        decision["next"] = (f"re-run the same command with --set profile.probe_budget="
-                            f"{math.ceil(enough * 10) / 10:g}: it continues from these runs "
-                            f"(the stopped confirmation of {cut_name} counts as a longer "
-                            f"probe) with room to settle it")
+        decision["next"] = (f"re-run the same command with a larger profile.probe_budget, "
+                            f"at least {math.ceil(enough * 10) / 10:g} (what lets this "
+                            f"confirmation alone run to the baseline's time; longer probes "
+                            f"of the others may take some of it): it continues from these "
+                            f"runs, the stopped confirmation of {cut_name} read as a longer "
+                            f"probe")
     return _write(cfg, out, driver, decode, decision, None, rounds, preds, base=base)
 
 

@@ -183,11 +183,12 @@ def fit_budget(plan: Plan, cands: list[Candidate], *, left_s: float, base_time: 
             else:
                 refused[name] = None
             continue
+        extra = cost
         if best is not None and name == best.config:
-            cost = max(0.0, cost - reserve)  # the reserve already pays for this much of it
-        if cost <= room:
+            extra = max(0.0, cost - reserve)  # the reserve already pays for this much of it
+        if extra <= room:
             granted[name] = plan.extend[name]
-            room -= cost
+            room -= extra
         else:
             refused[name] = cost
     return granted, refused
