@@ -142,7 +142,7 @@ def test_fuzz_damaged_dataset_files(case, data, suffix, tmp_path):
 # ---------------------------------------------------------------- (c) trainer logs
 LOGS = {  # case: (framework, fixture file or folder, flags, an evaluation metric it logs)
     "verl": ("verl", "verl/metrics.jsonl", PG, "eval/openai/gsm8k/reward/mean@1"),
-    "prime-rl": ("prime-rl", "prime-rl/run", [], "eval/gsm8k/avg@1"),
+    "prime-rl": ("prime-rl", "prime-rl/run", [], "eval/gsm8k/all/agent/avg@1"),
     "trl-json": ("trl", "trl/trainer_state.json", TRL_PG, "eval/reward"),
     "trl-tensorboard": ("trl", "trl/tb", TRL_PG, "eval/reward"),
     "openrlhf": ("openrlhf", "openrlhf/tb", PG, "eval/eval_gsm8k_pass1"),

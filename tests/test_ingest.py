@@ -186,6 +186,31 @@ def test_openrlhf_tensorboard_round_trip(tmp_path, capsys):
                                      "actor_lr": 1e-6}
 
 
+def test_openrlhf_current_status_keys(tmp_path, capsys):
+    """Keys OpenRLHF logs since 2026-03 (4908e6e): actor_grad_norm, critic_grad_norm and the
+    per-phase timing/* (kept as extras: no rlbatch phase matches them one to one)."""
+    pytest.importorskip("tensorboard")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_tb", FIX / "make_tb_fixtures.py")
+    make_tb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_tb)
+    events = []
+    for step, wall in ((1, 1010.0), (2, 1020.0)):
+        for tag, value in (("train/policy_loss", 0.1), ("train/actor_lr", 1e-6),
+                           ("train/actor_grad_norm", 0.5 * step), ("train/critic_loss", 0.2),
+                           ("train/critic_grad_norm", 2.0 * step), ("train/reward", 0.25),
+                           ("train/timing/ppo_train", 3.0)):
+            events.append((tag, value, step, wall))
+    make_tb._write(tmp_path / "tb", 1000.0, events)
+    out = tmp_path / "o"
+    ingest(["openrlhf", str(tmp_path / "tb"), "--out", str(out), *PG], capsys)
+    run = read_run(out)
+    assert col(run.steps, "actor/grad_norm") == [0.5, 1.0]
+    assert col(run.steps, "critic/grad_norm") == [2.0, 4.0]
+    assert col(run.steps, "openrlhf/timing/ppo_train") == [3.0, 3.0]
+
+
 def test_openrlhf_truncated_event_file(tmp_path, capsys):
     pytest.importorskip("tensorboard")
     src = FIX / "openrlhf" / "tb" / "events.out.tfevents.1000.fixture"
@@ -280,17 +305,55 @@ def test_prime_rl_directory_round_trip(tmp_path, capsys):
     out = tmp_path / "p"
     ingest(["prime-rl", str(FIX / "prime-rl" / "run"), "--out", str(out), "--lr", "1e-6"], capsys)
     run = read_run(out)
-    # samples = progress/total_rollouts; time - (5000 - time/step 4) = 4, 13, 19
+    # samples = progress/total_rollouts (logged before the step is added) + progress/rollouts;
+    # time - (5000 - time/step 4) = 4, 13, 19
     assert col(run.steps, "samples") == [8, 16, 24]
     assert col(run.steps, "prompts") == [2, 4, 6]
     assert col(run.steps, "train_s") == [4.0, 13.0, 19.0]
     assert col(run.steps, "tokens") == [400, 900, 1350]
+    # the reward of all the step's rollouts, not of the shipped subset (`effective`)
     assert col(run.steps, "reward/mean") == [0.2, 0.4, 0.5]
     assert col(run.steps, "actor/grad_norm") == [0.2, 0.25, 0.15]  # from the trainer's file
     assert col(run.steps, "actor/loss") == [0.01, 0.02, None]
-    assert run.evals == [{"step": 2, "samples": 16, "train_s": 13.0, "eval/gsm8k/avg@1": 0.3}]
+    assert run.evals == [{"step": 2, "samples": 16, "train_s": 13.0,
+                          "eval/gsm8k/all/agent/avg@1": 0.3}]
     assert run.config["derived"]["sequences_per_step"] == 8  # progress/rollouts per step
     assert len(run.manifest["sources"]) == 2
+
+
+def test_prime_rl_one_file_for_trainer_and_orchestrator(tmp_path, capsys):
+    """The `rl` entry point's layout: both write one metrics.jsonl. The trainer's lines
+    (here before the orchestrator's, with their own time/step) do not date a step."""
+    rows = []
+    for step, (t, total) in enumerate([(100.0, 0), (110.0, 16)], start=1):
+        rows.append({"step": step, "time": t + 50.0, "time/step": 99.0, "optim/lr": 1e-6,
+                     "optim/grad_norm": 0.1 * step})
+        rows.append({"step": step, "time": t, "time/step": 5.0, "progress/rollouts": 16,
+                     "progress/tasks": 4, "progress/total_rollouts": total,
+                     "progress/total_tasks": total // 4,
+                     "train/agg/all/agent/reward/mean": 0.1 * step})
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "p"
+    ingest(["prime-rl", str(path), "--out", str(out)], capsys)
+    run = read_run(out)
+    assert col(run.steps, "samples") == [16, 32] and col(run.steps, "prompts") == [4, 8]
+    assert col(run.steps, "train_s") == [5.0, 15.0]  # 100 - 5 is the origin
+    assert col(run.steps, "actor/grad_norm") == [0.1, 0.2]
+
+
+def test_prime_rl_several_agents_need_a_reward_key(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    row = {"step": 1, "time": 1.0, "progress/total_rollouts": 0, "progress/rollouts": 8,
+           "train/agg/all/solver/reward/mean": 0.5, "train/agg/all/judge/reward/mean": 0.7}
+    path.write_text(json.dumps(row) + "\n")
+    code, _, err = run_cli(["ingest", "prime-rl", str(path), "--out", str(tmp_path / "o")],
+                           capsys)
+    assert code == 2 and "--reward-key" in err and str(path) in err
+    out = tmp_path / "p"
+    ingest(["prime-rl", str(path), "--out", str(out), "--reward-key",
+            "train/agg/all/judge/reward/mean"], capsys)
+    assert col(read_run(out).steps, "reward/mean") == [0.7]
 
 
 def test_prime_rl_truncated_file(tmp_path, capsys):

@@ -57,9 +57,11 @@ def test_openrlhf_units_prompts_and_samples(capsys):
     doc = plan_json(["--framework", "openrlhf", *BASE, "--prompts", "256,512", "--rule", "linear"],
                     capsys)
     c = by_p(doc)
-    assert c[256]["args"] == ["--rollout_batch_size 256", "--n_samples_per_prompt 8",
-                              "--train_batch_size 2048", "--actor_learning_rate 2e-06"]
-    assert c[512]["settings"]["--train_batch_size"] == 4096  # samples, not prompts
+    # without a base script: the dotted flags of OpenRLHF 0.10.2 and later, the flat ones named
+    assert c[256]["args"] == ["--rollout.batch_size 256", "--rollout.n_samples_per_prompt 8",
+                              "--train.batch_size 2048", "--actor.adam.lr 2e-06"]
+    assert c[512]["settings"]["--train.batch_size"] == 4096  # samples, not prompts
+    assert any("--rollout_batch_size" in n and "0.10.1" in n for n in c[256]["notes"])
     assert c[512]["lr"] == pytest.approx(4e-6)
     assert "optimizer step" in doc["warnings"][0]
 
@@ -68,7 +70,7 @@ def test_mini_batching_keeps_k_and_says_so(capsys):
     doc = plan_json(["--framework", "openrlhf", *BASE, "--prompts", "256,100",
                      "--mini-batch-prompts", "32"], capsys)
     c = by_p(doc)
-    assert c[256]["settings"]["--train_batch_size"] == 64 * 8  # P/k with k = 128/32 = 4
+    assert c[256]["settings"]["--train.batch_size"] == 64 * 8  # P/k with k = 128/32 = 4
     assert c[256]["updates_per_step"] == 4
     assert any("k=4 optimizer updates per rollout step" in w for w in doc["warnings"])
     assert c[100]["mini_batch_prompts"] == 25 and c[100]["minibatches_per_step"] == 4
@@ -95,6 +97,9 @@ def test_prime_rl_batch_size_counts_rollouts(capsys):
     assert doc["candidates"][0]["args"] == ["orchestrator.batch_size = 4096",
                                             "orchestrator.rollouts_per_example = 8",
                                             "trainer.optim.lr = 2e-06"]
+    assert ("on the command line instead of the TOML file: --orchestrator.batch-size 4096 "
+            "--orchestrator.rollouts-per-example 8 --trainer.optim.lr 2e-06") in \
+        doc["candidates"][0]["notes"]
     code, _, err = run_cli(["plan", "--framework", "prime-rl", *BASE, "--prompts", "512",
                             "--mini-batch-prompts", "64"], capsys)
     assert code == 2 and "one optimizer step" in err
@@ -135,6 +140,23 @@ def test_openrlhf_base_script():
     assert c["args"][:3] == ["--rollout_batch_size 256", "--n_samples_per_prompt 8",
                              "--train_batch_size 2048"]
     assert any("--lr_warmup_ratio 0.05 unchanged" in n for n in c["notes"])
+    assert not any("0.10.1" in n for n in c["notes"])  # the base's own spelling is kept
+
+
+def test_openrlhf_dotted_base_script_reads_the_same_settings():
+    """OpenRLHF 0.10.2 renamed its flags (rollout.batch_size, train.batch_size, actor.adam.lr,
+    ...); a script in either spelling gives the same base, and the plan answers in its
+    spelling."""
+    flat = read_framework_config("openrlhf", FIX / "openrlhf" / "train_grpo_ray.sh")
+    dotted = read_framework_config("openrlhf", FIX / "openrlhf" / "train_grpo_ray_dotted.sh")
+    keys = ("prompts_per_step", "samples_per_prompt", "mini_batch_prompts", "lr",
+            "warmup_ratio", "algorithm", "seed", "epochs_per_step")
+    assert [getattr(dotted, k) for k in keys] == [getattr(flat, k) for k in keys]
+    assert dotted.extra["flag_style"] == "dotted" and flat.extra["flag_style"] == "flat"
+    c = make_plan(dotted, [256])["candidates"][0]
+    assert c["args"][:3] == ["--rollout.batch_size 256", "--rollout.n_samples_per_prompt 8",
+                             "--train.batch_size 2048"]
+    assert any("--actor.lr_warmup_ratio 0.05 unchanged" in n for n in c["notes"])
 
 
 def test_trl_base_config_warmup_in_optimizer_steps():

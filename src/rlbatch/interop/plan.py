@@ -178,14 +178,23 @@ def _verl(base: FrameworkConfig, c: Candidate, opts: dict) -> tuple[dict, list]:
 
 
 def _openrlhf(base: FrameworkConfig, c: Candidate, opts: dict) -> tuple[dict, list]:
-    s = {"--rollout_batch_size": c.prompts, "--n_samples_per_prompt": c.samples_per_prompt,
-         "--train_batch_size": c.mini_batch_prompts * c.samples_per_prompt,
-         "--actor_learning_rate": c.lr}
+    from rlbatch.interop.ingest import openrlhf as o
+
+
+    # the base script's spelling; without one, that of current releases (0.10.2 on)
+    style = base.extra.get("flag_style", "dotted")
+    f = o.flag_names(style)
+    s = {f[o.ROLLOUT]: c.prompts, f[o.N]: c.samples_per_prompt,
+         f[o.TRAIN]: c.mini_batch_prompts * c.samples_per_prompt, f[o.LR]: c.lr}
     if c.critic_lr is not None:
-        s["--critic_learning_rate"] = c.critic_lr
+        s[f[o.CRITIC_LR]] = c.critic_lr
     notes = []
+    if "flag_style" not in base.extra:
+        flat = o.flag_names("flat")
+        notes.append(f"flags of OpenRLHF 0.10.2 and later; up to 0.10.1 they are "
+                     f"{', '.join(flat[k] for k in (o.ROLLOUT, o.N, o.TRAIN, o.LR))}")
     if base.warmup_ratio:
-        notes.append(f"--lr_warmup_ratio {base.warmup_ratio:g} unchanged: a fraction of all "
+        notes.append(f"{f[o.WARMUP]} {base.warmup_ratio:g} unchanged: a fraction of all "
                      f"optimizer updates, so the same samples when the data budget is the same")
     return s, notes
 
@@ -229,7 +238,9 @@ def _prime_rl(base: FrameworkConfig, c: Candidate, opts: dict) -> tuple[dict, li
         s["trainer.scheduler.warmup_steps"] = c.warmup_steps
     if c.total_steps is not None:
         s["max_steps"] = c.total_steps
-    return s, []
+    # prime-rl's CLI (pydantic-config): dotted, kebab-case flags (docs/configuration.md)
+    cli = " ".join(f"--{k.replace('_', '-')} {fmt(v)}" for k, v in s.items())
+    return s, [f"on the command line instead of the TOML file: {cli}"]
 
 
 RENDER = {"verl": _verl, "openrlhf": _openrlhf, "trl": _trl, "prime-rl": _prime_rl}

@@ -1,13 +1,14 @@
 """OpenRLHF: TensorBoard events -> run log; a launch command in a .sh file -> `FrameworkConfig`.
 
 Log format (openrlhf/trainer/ppo_trainer.py `save_logs_and_checkpoints`, with
-`--use_tensorboard DIR`): after each rollout step the trainer writes every entry of the
-step's status as the scalar `train/<key>` at `global_step` (one global step = one rollout
-batch of --rollout_batch_size prompts), then evaluates (`eval/<key>` scalars at the same
-step, e.g. eval/eval_<source>_pass1) and checkpoints. Status keys read here (openrlhf/
-trainer/ray/ppo_actor.py, ppo_critic.py): policy_loss, actor_lr, reward, response_length,
-kl, ppo_clip_ratio, critic_loss, critic_lr, values; everything else is kept as
-`openrlhf/<key>`.
+`--logger.tensorboard_dir DIR`, before 0.10.2 `--use_tensorboard DIR`): after each rollout
+step the trainer writes every entry of the step's status as the scalar `train/<key>` at
+`global_step` (one global step = one rollout batch of --rollout.batch_size prompts), then
+evaluates (`eval/<key>` scalars at the same step, e.g. eval/eval_<source>_pass1) and
+checkpoints. Status keys read here (openrlhf/trainer/ray/ppo_actor.py, ppo_critic.py):
+policy_loss, actor_lr, actor_grad_norm, reward, response_length, kl, ppo_clip_ratio,
+critic_loss, critic_lr, critic_grad_norm, values; everything else (timing/*, rollout/*, ...)
+is kept as `openrlhf/<key>`.
 
 There are no phase timers in these logs, so time/* keys are left out; samples = step x P x G;
 train_s = event wall time - the first event's wall time (the SummaryWriter's file_version
@@ -15,11 +16,17 @@ record), minus the evaluation time measured as wall(eval/*) - wall(train/*) of t
 Deviation: start-up between opening the writer and the first step, and checkpoint time, stay
 in train_s (no timer separates them).
 
-Config (openrlhf/cli/train_ppo_ray.py): --rollout_batch_size is in prompts,
---n_samples_per_prompt is G, --train_batch_size is in samples (one optimizer update per
-train_batch_size samples), --micro_train_batch_size is per GPU, --max_epochs passes over each
-rollout batch; the LR scheduler (transformers get_scheduler via DeepSpeed) steps once per
-optimizer update and --lr_warmup_ratio is a fraction of all optimizer updates.
+Config (openrlhf/cli/train_ppo_ray.py). Releases up to 0.10.1 take flat flags; from 0.10.2
+(commit ed62d0e, 2026-04-19) the same settings are dotted and the flat spellings are
+rejected. Both are read, the style chosen by whether the script's flags are dotted:
+--rollout.batch_size (--rollout_batch_size) is in prompts, --rollout.n_samples_per_prompt
+(--n_samples_per_prompt) is G, --train.batch_size (--train_batch_size) is in samples (one
+optimizer update per that many samples), --train.micro_batch_size (--micro_train_batch_size)
+is per GPU, --train.max_epochs (--max_epochs) passes over each rollout batch, the actor's LR
+is --actor.adam.lr (--actor_learning_rate; with --actor.optim muon the 2-D weights use
+--actor.muon.lr instead). The LR scheduler (transformers get_scheduler through DeepSpeed,
+openrlhf/utils/deepspeed/deepspeed.py) steps once per optimizer update, with
+ceil(total updates x --actor.lr_warmup_ratio (--lr_warmup_ratio)) warm-up updates.
 """
 
 from __future__ import annotations
@@ -33,14 +40,23 @@ from rlbatch.interop.ingest.writer import Converted, token_count
 ROLLOUT, N, TRAIN = "--rollout_batch_size", "--n_samples_per_prompt", "--train_batch_size"
 MICRO, LR, CRITIC_LR = "--micro_train_batch_size", "--actor_learning_rate", "--critic_learning_rate"
 EPOCHS, WARMUP, ADV, SEED = "--max_epochs", "--lr_warmup_ratio", "--advantage_estimator", "--seed"
-# argparse defaults of openrlhf/cli/train_ppo_ray.py
+# argparse defaults of openrlhf/cli/train_ppo_ray.py (flat flags, up to 0.10.1)
 DEFAULTS = {ROLLOUT: 1024, N: 1, TRAIN: 128, MICRO: 4, LR: 1e-6, CRITIC_LR: 9e-6, EPOCHS: 1,
             WARMUP: 0.03, ADV: "gae", SEED: 42}
+# the same settings from 0.10.2 (dotted flags; read at 3c3be62, v0.11.0)
+DOTTED = {ROLLOUT: "--rollout.batch_size", N: "--rollout.n_samples_per_prompt",
+          TRAIN: "--train.batch_size", MICRO: "--train.micro_batch_size", LR: "--actor.adam.lr",
+          CRITIC_LR: "--critic.adam.lr", EPOCHS: "--train.max_epochs",
+          WARMUP: "--actor.lr_warmup_ratio", ADV: "--algo.advantage.estimator",
+          SEED: "--train.seed"}
+DOTTED_DEFAULTS = {**DEFAULTS, MICRO: 1}
 
 STEP_METRICS = {
     "reward/mean": ("reward",),
     "actor/loss": ("policy_loss",),
     "actor/lr": ("actor_lr",),
+    "actor/grad_norm": ("actor_grad_norm",),
+    "critic/grad_norm": ("critic_grad_norm",),
     "actor/kl": ("kl",),
     "actor/clip_frac": ("ppo_clip_ratio",),
     "critic/loss": ("critic_loss",),
@@ -71,23 +87,40 @@ def read_settings(path: Path) -> dict:
     return out
 
 
+def flag_names(style: str) -> dict[str, str]:
+    """The flag of each setting in a style: `flat` (up to 0.10.1) or `dotted` (0.10.2 on),
+    keyed by the flat name."""
+    return {k: (DOTTED[k] if style == "dotted" else k) for k in DEFAULTS}
+
+
 def read_config(path: Path) -> FrameworkConfig:
-    s = Settings(read_settings(path), DEFAULTS, str(path))
-    prompts, n, train = s.get(ROLLOUT, as_int), s.get(N, as_int), s.get(TRAIN, as_int)
+    raw = read_settings(path)
+    style = "dotted" if any("." in k for k in raw) else "flat"
+    f = flag_names(style)
+    defaults = DOTTED_DEFAULTS if style == "dotted" else DEFAULTS
+    s = Settings(raw, {f[k]: v for k, v in defaults.items()}, str(path))
+    prompts, n = s.get(f[ROLLOUT], as_int), s.get(f[N], as_int)
+    train = s.get(f[TRAIN], as_int)
     if train % n:
-        s.notes.append(f"{TRAIN}={train} is not a multiple of {N}={n}; mini-batch rounded")
+        s.notes.append(f"{f[TRAIN]}={train} is not a multiple of {f[N]}={n}; mini-batch rounded")
     mini = max(1, round(train / n))
     if mini > prompts:
-        s.notes.append(f"{TRAIN}={train} exceeds the rollout batch ({prompts * n} samples): "
+        s.notes.append(f"{f[TRAIN]}={train} exceeds the rollout batch ({prompts * n} samples): "
                        f"optimizer updates span rollout steps")
-    adv = str(s.get(ADV))
+    if style == "dotted" and str(raw.get("--actor.optim", ("adam",))[0]) == "muon":
+        s.notes.append("--actor.optim muon: the 2-D weights use --actor.muon.lr; the LR read "
+                       "here is --actor.adam.lr, which Muon applies to the rest")
+    adv = str(s.get(f[ADV]))
     algorithm = "ppo" if adv == "gae" else "grpo" if adv in ("group_norm", "dr_grpo") else adv
     return FrameworkConfig(
         framework="openrlhf", prompts_per_step=prompts, samples_per_prompt=n,
-        lr=s.get(LR, as_float), critic_lr=s.get(CRITIC_LR, as_float) if adv == "gae" else None,
-        mini_batch_prompts=min(mini, prompts), epochs_per_step=s.get(EPOCHS, as_int),
-        warmup_ratio=s.get(WARMUP, as_float), algorithm=algorithm, seed=s.get(SEED, as_int),
-        extra={"micro_train_batch_size": s.get(MICRO, as_int), "train_batch_size": train},
+        lr=s.get(f[LR], as_float),
+        critic_lr=s.get(f[CRITIC_LR], as_float) if adv == "gae" else None,
+        mini_batch_prompts=min(mini, prompts), epochs_per_step=s.get(f[EPOCHS], as_int),
+        warmup_ratio=s.get(f[WARMUP], as_float), algorithm=algorithm,
+        seed=s.get(f[SEED], as_int),
+        extra={"micro_train_batch_size": s.get(f[MICRO], as_int), "train_batch_size": train,
+               "flag_style": style},
         settings=s.used, notes=tuple(s.notes), source=str(path))
 
 

@@ -1,19 +1,28 @@
 """prime-rl: metrics.jsonl -> run log; prime-rl TOML -> `FrameworkConfig`.
 
-Log format (src/prime_rl/utils/monitor/file.py `FileMonitor.log`): one line per `log` call,
-`{"step": N, "time": <time.time()>, **metrics}`; several lines may share a step (they are
-merged). The orchestrator and the trainer each write their own metrics.jsonl (the
-orchestrator under <output_dir>/run_default); given a directory, every metrics.jsonl below it
-is read and merged by step, the file holding `progress/total_rollouts` being the primary one
-(its `time` is used). Orchestrator keys (src/prime_rl/orchestrator/*): progress/total_rollouts
-(cumulative rollouts = samples), progress/total_tasks (cumulative prompts),
-progress/output_tokens (this step's generated tokens), time/step; trainer keys
-(src/prime_rl/trainer/rl/train.py): optim/lr, optim/grad_norm, loss/mean, entropy/all/mean.
-The reward key was not confirmed: reward/mean, train/agg/reward/mean and reward/all/mean are
-tried in that order (--reward-key overrides). `eval/*` keys become evaluation rows.
+Log format (src/prime_rl/monitors/file.py `FileMonitor.log_metrics`, prime-rl 559b447): one
+line per `log` call, `{"step": N, "time": <time.time()>, **metrics}`; several lines may share
+a step (they are merged). Under the `rl` entry point the trainer and the orchestrator write
+to the same <output_dir>/metrics.jsonl; other layouts give each its own file (the orchestrator
+under run_default/). Given a directory, every metrics.jsonl below it is read and merged by
+step, the file holding `progress/total_rollouts` being the primary one. Only the
+orchestrator's line (the one with `progress/total_rollouts`) dates a step: its `time` and
+`time/step` (the trainer logs its own `time/step`, a different duration).
 
-Conversion: samples = progress/total_rollouts (step x batch_size when absent and the batch
-size is known); train_s = time - (first row's time - its time/step); tokens = cumulative
+Orchestrator keys (src/prime_rl/orchestrator/orchestrator.py): progress/rollouts and
+progress/tasks (this step's rollouts and distinct prompts), progress/total_rollouts and
+progress/total_tasks (the totals *before* this step: they are logged before the step is
+added), progress/output_tokens (this step's generated tokens, of the shipped subset),
+time/step; the reward of the step's rollouts is `train/agg/all/<agent>/reward/mean`
+(orchestrator/metrics.py; `effective` instead of `all` is the shipped subset). Trainer keys
+(src/prime_rl/trainer/rl/train.py): optim/lr, optim/grad_norm, loss/mean, entropy/all/mean.
+`eval/*` keys become evaluation rows (e.g. eval/<env>/all/<agent>/avg@<k>).
+
+Conversion: samples = progress/total_rollouts + progress/rollouts (step x batch_size when
+absent and the batch size is known), prompts likewise from the task counters; reward/mean =
+the one `train/agg/all/<agent>/reward/mean` (several agents: name one with --reward-key),
+else the first of reward/mean, train/agg/reward/mean, reward/all/mean (older layouts);
+train_s = time - (first row's time - its time/step); tokens = cumulative
 progress/output_tokens. No phase timers are mapped. Deviation: prime-rl is asynchronous
 (max_async_level steps of off-policy generation), so its wall clock mixes generation of later
 steps into earlier ones; train_s is still the true elapsed time.
@@ -27,6 +36,7 @@ Files may be the combined rl TOML ([trainer], [orchestrator]) or the separate on
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from rlbatch.core.errors import ConfigError, DataError
@@ -52,15 +62,18 @@ SEED = ("orchestrator.seed", "seed")
 # optim lr 1e-6, constant scheduler)
 DEFAULTS = {BATCH[0]: 128, GROUP[0]: 8, LR[0]: 1e-6}
 
+OLD_REWARD_KEYS = ("reward/mean", "train/agg/reward/mean", "reward/all/mean")
+AGENT_REWARD = re.compile(r"^train/agg/all/([^/]+)/reward/mean$")
 STEP_METRICS = {
-    "reward/mean": ("reward/mean", "train/agg/reward/mean", "reward/all/mean"),
+    "reward/mean": OLD_REWARD_KEYS,
     "actor/lr": ("optim/lr",),
     "actor/grad_norm": ("optim/grad_norm",),
     "actor/loss": ("loss/mean",),
     "actor/entropy": ("entropy/all/mean", "entropy/mean"),
 }
 COUNTER_KEYS = ("step", "time", "progress/total_rollouts", "progress/total_tasks",
-                "progress/output_tokens")
+                "progress/rollouts", "progress/tasks", "progress/output_tokens")
+DATING = ("time", "time/step")
 
 
 def read_config(path: Path) -> FrameworkConfig:
@@ -103,13 +116,17 @@ def metric_files(path: Path) -> list[Path]:
 
 def _read(path: Path) -> tuple[list, list, bool]:
     records, warnings, truncated = read_records(path)
+    # in a file the orchestrator writes to, only its lines date a step (see the module text)
+    shared = any("progress/total_rollouts" in obj for _, obj in records)
     items = []
     for line, obj in records:
         step = obj.get("step")
         if not is_step(step):
             raise DataError(f"record has no integer 'step' in 0..{MAX_STEP} (prime-rl "
                             f"metrics.jsonl)", where=f"{path}:{line}")
-        if items and items[-1][0] == step and "time" in items[-1][1]:
+        if shared and "progress/total_rollouts" not in obj:
+            obj = {k: v for k, v in obj.items() if k not in DATING}
+        elif items and items[-1][0] == step and "time" in items[-1][1]:
             obj = {k: v for k, v in obj.items() if k != "time"}  # a step's first line dates it
         items.append((step, finite_values(obj)))
     merged, w = merge_steps(items, str(path))
@@ -133,10 +150,26 @@ def _combined(files: list[Path]) -> tuple[list, Path, list, bool]:
     return merged, primary, warnings, truncated
 
 
+def _through(data: dict, total: str, this: str) -> int | None:
+    """A counter through this step: the total before it plus this step's count."""
+    before, now = num(data.get(total)), num(data.get(this))
+    return None if before is None else int(before) + int(now or 0)
+
+
+def _reward_key(rows: list, where: str) -> tuple[str, ...]:
+    """The reward key of these logs: the one agent's `train/agg/all/<agent>/reward/mean`,
+    else the older names."""
+    agents = sorted({k for _, d in rows for k in d if AGENT_REWARD.match(k)})
+    if len(agents) > 1:
+        raise DataError(f"the logs hold the reward of several agents ({', '.join(agents)}); "
+                        f"pass --reward-key with one of them", where=where)
+    return tuple(agents) or OLD_REWARD_KEYS
+
+
 def _samples(step: int, data: dict, b: int | None, where: str) -> int:
-    total = num(data.get("progress/total_rollouts"))
+    total = _through(data, "progress/total_rollouts", "progress/rollouts")
     if total is not None:
-        return int(total)
+        return total
     if b is None:
         raise ConfigError(f"step {step} has no progress/total_rollouts; pass --prompts-per-step "
                           f"and --samples-per-prompt", where=where)
@@ -158,16 +191,15 @@ def convert(path: Path, res) -> Converted:
     if origin is not None:
         origin -= num(first.get("time/step")) or 0.0
     metrics = dict(STEP_METRICS)
-    if res.reward_key:
-        metrics["reward/mean"] = (res.reward_key,)
+    metrics["reward/mean"] = (res.reward_key,) if res.reward_key else _reward_key(rows, str(primary))
     steps, evals, tokens = [], [], 0
     for step, data in rows:
         used = set(COUNTER_KEYS)
         samples = _samples(step, data, b, str(primary))
         row = {"step": step, "samples": samples}
-        tasks = num(data.get("progress/total_tasks"))
+        tasks = _through(data, "progress/total_tasks", "progress/tasks")
         if tasks is not None or g:
-            row["prompts"] = int(tasks) if tasks is not None else samples // g
+            row["prompts"] = tasks if tasks is not None else samples // g
         out_tokens = num(data.get("progress/output_tokens"))
         tokens = None if tokens is None or out_tokens is None else tokens + int(out_tokens)
         if tokens is not None:
