@@ -114,6 +114,12 @@ def test_the_budget_reserves_the_best_confirmation_then_grants_extensions_by_pro
     assert granted == {} and refused == {"best": pytest.approx(10.0),
                                          "next": pytest.approx(10.0),
                                          "last": pytest.approx(20.0)}
+    # a dropped candidate (departed) reserves nothing, however low its ratio
+    gone = Candidate("gone", 1000, pred(0.2, 0.1, 0.3, "departed", q=100.0), train_s=5)
+    slow = Candidate("slow", 1000, pred(1.05, 0.6, 1.5, "inconclusive", q=100.0), train_s=10)
+    dropped = Plan(extend={"slow": 2000}, drop={"gone": "departed"})
+    assert fit_budget(dropped, [gone, slow], left_s=10.0, base_time=100.0)[0] == \
+        {"slow": 2000}
     # the reserve does not cover an extension longer than the confirmation's remainder
     long = Plan(extend={"best": 6000})  # 50 s to go at q = 100, 40 s reserved
     assert fit_budget(long, cands, left_s=45.0, base_time=100.0)[0] == {}

@@ -159,16 +159,17 @@ def fit_budget(plan: Plan, cands: list[Candidate], *, left_s: float, base_time: 
                ) -> tuple[dict[str, int], dict[str, float | None]]:
     """The extensions of `plan` that fit in `left_s` training seconds, and those refused
     (config -> projected seconds). Before any extension, the budget reserves the predicted
-    cost of confirming the most promising candidate (lowest point ratio below 1): its
-    predicted time to target, ratio x `base_time`, less the seconds it has already run (a
-    confirmation continues its probe, so extending that candidate spends its reserve
-    first). Extensions are granted in order of promise (no usable prediction first, then
+    cost of confirming the most promising candidate (lowest point ratio below 1, not
+    dropped): its predicted time to target, ratio x `base_time`, less the seconds it has
+    already run (a confirmation continues its probe, so extending that candidate spends its
+    reserve first). Extensions are granted in order of promise (no usable prediction first, then
     lowest predicted ratio) while they fit; one whose cost cannot be projected (no
     throughput yet: nothing about it can be decided without a longer probe) is granted
     while any room is left."""
     by = {c.config: c for c in cands}
     ratio = {n: (by[n].prediction or {}).get("time_ratio") for n in by}
-    promising = [by[n] for n in by if ratio[n] is not None and ratio[n] < 1.0]
+    promising = [by[n] for n in by
+                 if ratio[n] is not None and ratio[n] < 1.0 and n not in plan.drop]
     best = min(promising, key=lambda c: (ratio[c.config], c.config)) if promising else None
     reserve = 0.0 if best is None else max(0.0, ratio[best.config] * base_time - best.train_s)
     room = left_s - reserve
