@@ -44,7 +44,7 @@ import numpy as np
 
 from rlbatch.analysis.prediction import BaselineCurves, predict
 from rlbatch.core.runlog import read_run
-from rlbatch.profile.probing import curve_of, longest_step, step_increments
+from rlbatch.profile.probing import budget_due, curve_of, longest_step, step_increments
 from rlbatch.profile.spending import Candidate, fit_budget, plan_next
 
 METRIC = "eval/accuracy"
@@ -60,7 +60,7 @@ def confirmation_end(run, t_win: float | None, t_base: float,
     trainer honours a STOP file); or the end of its own budget."""
     ts = [float(r["train_s"]) for r in run.steps]
     past = next((i for i, s in enumerate(ts) if s > t_base), None)
-    spent = next((i for i, s in enumerate(ts) if s + 2 * step_s >= allowance), None)
+    spent = next((i for i, s in enumerate(ts) if budget_due(s, allowance, step_s)), None)
     asks = [(i, why) for i, why in ((past, "cannot_win"), (spent, "profile_budget"))
             if i is not None]
     if not asks:
@@ -164,7 +164,7 @@ def replay(doc: dict, fraction: float, max_fraction: float, extend: str, control
         t_win, probe_s = res["time_to_target"], cut[plan.confirm][1]
         allowance = budget_s - (spent - probe_s)
         step_s = longest_step(cut[plan.confirm][0])
-        if probe_s + 2 * step_s < allowance:
+        if not budget_due(probe_s, allowance, step_s):
             # the confirmation continues the probe: to the target, or until it cannot win
             # or the budget ends
             end, why = confirmation_end(runs[plan.confirm], t_win, t_base, allowance, step_s)

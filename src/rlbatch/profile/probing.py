@@ -70,12 +70,17 @@ def probe_stop_reason(st: dict, limit: int) -> str | None:
     return f"{PROBE_CODE}: {st['samples']:,} samples, the probe's length {limit:,}"
 
 
+def budget_due(train_s: float, allowance_s: float, step_s: float) -> bool:
+    """Whether a confirmation at `train_s` must be asked to stop to end within `allowance_s`,
+    what the profile's budget leaves it: a stop asked after one step takes effect after the
+    next, which is under way by then, so it is due once two more steps (`step_s` each, the
+    longest its probe took) would reach the allowance."""
+    return train_s + 2 * step_s >= allowance_s
+
+
 def budget_stop_reason(st: dict, allowance_s: float, step_s: float = 0.0) -> str | None:
-    """Stop a confirmation before its training seconds pass `allowance_s`, what the profile's
-    budget leaves it (unless it already reached the target). A stop asked after one step
-    takes effect after the next, which is under way by then; so it is asked once two more
-    steps (`step_s` each, the longest its probe took) would reach the allowance."""
-    if st["target"].get("reached") or st["train_s"] + 2 * step_s < allowance_s:
+    """Stop a confirmation when `budget_due` (unless it already reached the target)."""
+    if st["target"].get("reached") or not budget_due(st["train_s"], allowance_s, step_s):
         return None
     return (f"{BUDGET_CODE}: {st['train_s']:.1f} training seconds, all that "
             f"profile.probe_budget leaves this confirmation")
@@ -160,9 +165,8 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
                 reopen(t)
         driver.run(todo, lambda st: probe_stop_reason(st, limits[st["trial"]]))
         preds = _predictions(cfg, base, base_probe, cands)
-        live = [Candidate(t.name, _status(t)["samples"], preds[t.name],
-                          train_s=_status(t)["train_s"])
-                for t in family if t.name not in dropped]
+        live = [Candidate(t.name, st["samples"], preds[t.name], train_s=st["train_s"])
+                for t in family if t.name not in dropped for st in [_status(t)]]
         plan = plan_next(live, cap=cap, extend=prof.probe_extend)
         refused: dict = {}
         if plan.extend and budget_s < math.inf:
@@ -179,9 +183,10 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         limits.update(plan.extend)
     if plan.confirm:
         winner = next(t for t in family if t.name == plan.confirm)
-        allowance = budget_s - (spent() - _status(winner)["train_s"])
+        probe_s = _status(winner)["train_s"]
+        allowance = budget_s - (spent() - probe_s)
         step_s = longest_step(read_run(winner.run_dir()))
-        started = _status(winner)["train_s"] + 2 * step_s < allowance
+        started = not budget_due(probe_s, allowance, step_s)
         if started:
             reopen(winner)
             journal.log("confirming", trial=winner.name,
@@ -193,7 +198,10 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
                        or budget_stop_reason(st, allowance, step_s))
         t_win, st = _measured(winner, cfg)["time_to_target"], _status(winner)
         cut = t_win is None and (not started or st["stop_code"] == BUDGET_CODE)
-        cut_name = winner.name if cut else None
+        if cut:
+            cut_name = winner.name
+            # what would settle it: the confirmation runs at most to the baseline's time
+            enough = (spent() - st["train_s"] + t_base) / t_base
         ratio = t_win / t_base if t_win is not None else float("inf")
         plan = plan_next([Candidate(winner.name, st["samples"], preds[winner.name],
                                     measured_ratio=None if cut else ratio,
@@ -208,9 +216,6 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         journal.log("spending", **rounds[-1]["plan"])
     decision = _decision(cfg, base, family, plan, preds, ev, c, cut=cut_name)
     if cut_name is not None:
-        # what would settle it: the confirmation runs at most to the baseline's time
-        ran = _status(next(t for t in family if t.name == cut_name))["train_s"]
-        enough = (spent() - ran + t_base) / t_base
         decision["next"] = (f"re-run the same command with a larger profile.probe_budget, "
                             f"at least {math.ceil(enough * 10) / 10:g} (what lets this "
                             f"confirmation alone run to the baseline's time; longer probes "
