@@ -30,21 +30,25 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, norm: str = "std",
     and stats (module docstring: `adv/zero_std_groups`, and with binary rewards
     `adv/all_correct_groups`, `adv/all_wrong_groups`).
 
-    valid (P*G,) bool, optional: samples to keep (the others are out of their group)."""
+    valid (P*G,) bool, optional: samples to keep (the others are out of their group). One
+    code path: without `valid` every sample is valid, so both forms give the same bits."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    if valid is not None:
-        return _grpo_valid(rewards, group_size, norm, eps, valid)
-    r = rewards.float().view(-1, group_size)  # (P, G)
-    centered = r - r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, unbiased=False, keepdim=True)  # (P, 1)
-    if norm == "std":
-        adv = torch.where(std == 0, torch.zeros_like(centered), centered / (std + eps))
-    elif norm == "mean":
-        adv = centered
-    else:
+    if norm not in ("std", "mean"):
         raise ValueError(f"unknown advantage norm {norm!r}")
-    return adv.view(-1), _group_stats(r, torch.ones_like(r), std == 0)
+    r = rewards.float().view(-1, group_size)  # (P, G)
+    v = (torch.ones_like(r) if valid is None
+         else valid.view(-1, group_size).to(r.dtype))  # (P, G) 0/1
+    n = v.sum(dim=1, keepdim=True)  # (P, 1)
+    mean = (r * v).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    centered = (r - mean) * v
+    std = ((centered ** 2).sum(dim=1, keepdim=True) / n.clamp(min=1)).sqrt()  # population std
+    flat = (std == 0) | (n < 2)  # (P, 1): equal valid rewards, no learning signal
+    if norm == "std":
+        adv = torch.where(flat, torch.zeros_like(centered), centered / (std + eps))
+    else:
+        adv = torch.where(n < 2, torch.zeros_like(centered), centered)
+    return adv.view(-1), _group_stats(r, v, flat)
 
 
 def _group_stats(r: torch.Tensor, v: torch.Tensor, equal: torch.Tensor) -> dict:
@@ -58,25 +62,6 @@ def _group_stats(r: torch.Tensor, v: torch.Tensor, equal: torch.Tensor) -> dict:
         stats["adv/all_correct_groups"] = ((n > 0) & (hits == n)).float().mean().item()
         stats["adv/all_wrong_groups"] = ((n > 0) & (hits == 0)).float().mean().item()
     return stats
-
-
-def _grpo_valid(rewards: torch.Tensor, group_size: int, norm: str, eps: float,
-                valid: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """`grpo_advantages` over the valid samples of each group only (same formulas)."""
-    if norm not in ("std", "mean"):
-        raise ValueError(f"unknown advantage norm {norm!r}")
-    r = rewards.float().view(-1, group_size)  # (P, G)
-    v = valid.view(-1, group_size).float()  # (P, G)
-    n = v.sum(dim=1, keepdim=True)  # (P, 1)
-    mean = (r * v).sum(dim=1, keepdim=True) / n.clamp(min=1)
-    centered = (r - mean) * v
-    std = ((centered ** 2).sum(dim=1, keepdim=True) / n.clamp(min=1)).sqrt()  # population std
-    flat = (std == 0) | (n < 2)  # (P, 1): equal valid rewards, no learning signal
-    if norm == "std":
-        adv = torch.where(flat, torch.zeros_like(centered), centered / (std + eps))
-    else:
-        adv = torch.where(n < 2, torch.zeros_like(centered), centered)
-    return adv.view(-1), _group_stats(r, v, flat)
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
