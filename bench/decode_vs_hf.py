@@ -19,7 +19,7 @@ from rlbatch.rollout.builtin_engine import BuiltinEngine
 from rlbatch.rollout.engine import SamplingParams
 from rlbatch.rollout.hf_engine import HFEngine
 from rlbatch.rollout.models import load_model_and_tokenizer
-from rlbatch.rollout.tiny_model import TinyRecipe, tiny_model_path
+from rlbatch.rollout.tiny_model import recipe_for, tiny_model_path
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
-    model, tok = load_model_and_tokenizer(tiny_model_path(TinyRecipe()))
+    model, tok = load_model_and_tokenizer(tiny_model_path(recipe_for("addition", 3)))
     model.eval()
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)

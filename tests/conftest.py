@@ -1,9 +1,19 @@
 """Shared fixtures. The warm-started tiny model is built once per cache (about a minute on
-2 cores) under <repo>/.rlbatch-cache unless RLBATCH_CACHE is set; subprocesses inherit it."""
+2 cores) under <repo>/.rlbatch-cache unless RLBATCH_CACHE is set; subprocesses inherit it.
+
+Tests that build, train on or profile a warm-started model carry the marker `trained`
+(tests/README.md): where such a run lands depends on the CPU's arithmetic, so CI runs them a
+second time under another `ATEN_CPU_CAPABILITY`. A test that requests `tiny_model_dir` is
+marked by itself; any other test that reaches the model (through the CLI, a subprocess or a
+build) must say so with `@pytest.mark.trained`, or it errors here: every use of the model is
+logged (`RLBATCH_MODEL_USE_LOG`) and checked against the marker after each test.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,11 +22,46 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RLBATCH_CACHE", str(REPO / ".rlbatch-cache"))
 
 
+def pytest_configure(config):
+    fd, log = tempfile.mkstemp(prefix="rlbatch-model-use-", suffix=".jsonl")
+    os.close(fd)
+    os.environ["RLBATCH_MODEL_USE_LOG"] = log
+
+
+def pytest_unconfigure(config):
+    log = os.environ.pop("RLBATCH_MODEL_USE_LOG", None)
+    if log:
+        Path(log).unlink(missing_ok=True)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tiny_model_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.trained)
+
+
+def _model_users(log: Path) -> set[str]:
+    if not log.exists():
+        return set()
+    return {json.loads(line)["test"] for line in log.read_text().splitlines() if line.strip()}
+
+
+@pytest.fixture(autouse=True)
+def _trained_marker_is_honest(request):
+    """Fail a test that reached a warm-started model without the `trained` marker."""
+    yield
+    log = Path(os.environ["RLBATCH_MODEL_USE_LOG"])
+    if request.node.nodeid in _model_users(log) and \
+            request.node.get_closest_marker("trained") is None:
+        pytest.fail(f"{request.node.nodeid} uses a warm-started model: mark it "
+                    "@pytest.mark.trained (tests/README.md)", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from rlbatch.rollout.tiny_model import TinyRecipe, tiny_model_path
+    from rlbatch.rollout.tiny_model import recipe_for, tiny_model_path
 
-    return tiny_model_path(TinyRecipe())
+    return tiny_model_path(recipe_for("addition", 3))
 
 
 @pytest.fixture

@@ -70,7 +70,10 @@ def _kill_resume_compare(tmp_path: Path, settings: list[str], marks: Schedule,
     assert stable(rb.steps) == stable(ra.steps)
     assert stable(rb.evals) == stable(ra.evals)
     assert stable(rb.summary) == stable(ra.summary)
-    assert rb.summary["status"] == "budget_exhausted"
+    # the budget ends the run (grpo-tiny does not stop at its target); whether the target was
+    # crossed on the way is where the run landed, and the status must say which
+    reached = rb.summary["target"]["reached"]
+    assert rb.summary["status"] == ("target_reached" if reached else "budget_exhausted")
     for phase, place in zip(phases, places):  # the targeted points were hit
         want = {"eval": "evaluation", "checkpoint": "checkpoint write"}.get(phase)
         assert want is None or place == want, (phase, place)
@@ -214,15 +217,20 @@ def test_profile_killed_in_its_sweep_and_trials_reruns_nothing_finished(tiny_mod
     rng = np.random.default_rng(KILL_SEED)
     ref, out = tmp_path / "reference", tmp_path / "killed"
     reference = start(_profile_cmd(ref))
-    points = [("sweep",)] + [("trial", name, int(rng.integers(1, 13)))
-                             for name in ("base-P4-s0", "base-P4-s1", "fixed-lr-P8-s0")]
+    # each trial's kill row comes before its first evaluation after step 0 (256 samples: step
+    # 8 of B0 = 32, step 4 of the control's 64), so no trial can end before its kill
+    points = [("sweep",)] + [("trial", name, int(rng.integers(1, last + 1)))
+                             for name, last in (("base-P4-s0", 7), ("base-P4-s1", 7),
+                                                ("fixed-lr-P8-s0", 3))]
     try:
         kills = _kill_profile(out, points, rng)
         assert reference.wait(timeout=PROFILE_TIMEOUT) == 0, "the reference profile failed"
     finally:
         kill(reference)
     print(f"kill seed {KILL_SEED}: {[(k['point'], k['resumes_from']) for k in kills]}")
-    assert [k["point"] for k in kills] == points
+    ran = {t["trial"] for t in _profile_doc(ref)["trials"]}  # the control runs unless the
+    assert [k["point"] for k in kills] == [  # baseline's evidence has a problem (too easy)
+        p for p in points if p[0] == "sweep" or p[1] in ran]
     assert not kills[0]["swept"]  # killed inside the sweep
     events = _journal(out)
     assert sum(e["event"] == "decode_sweep" for e in events) == 1
@@ -234,10 +242,13 @@ def test_profile_killed_in_its_sweep_and_trials_reruns_nothing_finished(tiny_mod
     for name in {e["trial"] for e in events if "trial" in e}:
         assert sum(e["event"] == "finished" and e["trial"] == name for e in events) <= 1, name
     a, b = _profile_doc(ref), _profile_doc(out)
-    assert b["problem"] is None and a["problem"] is None
-    assert {k: b["decision"][k] for k in DECISION_KEYS} == \
-        {k: a["decision"][k] for k in DECISION_KEYS}
-    assert b["decision"]["is_reference"] and b["decision"]["evidence"] == "none_faster"
+    assert b["problem"] == a["problem"]
+    if a["problem"] is None:  # both seeds of the baseline crossed, after their first eval
+        assert {k: b["decision"][k] for k in DECISION_KEYS} == \
+            {k: a["decision"][k] for k in DECISION_KEYS}
+        assert b["decision"]["is_reference"] and b["decision"]["evidence"] == "none_faster"
+    else:
+        assert a["decision"] is None and b["decision"] is None
     assert [{k: c.get(k) for k in ANALYSIS_KEYS} for c in b["analysis"]["configs"]] == \
         [{k: c.get(k) for k in ANALYSIS_KEYS} for c in a["analysis"]["configs"]]
     assert [(t["trial"], t["status"]) for t in b["trials"]] == \

@@ -5,7 +5,10 @@ the target (the same run, not a new one), and decides as constructed.
 As in tests/test_profile.py, every rollout step sleeps `rollout.simulated_latency_s`, so
 samples per second grow with B whatever the CPU and B = 512 wins by construction; the wide
 margin (log ratio 1.0) keeps two seeds' noise from calling the curves departed. The test is
-about the procedure, not this workload."""
+about the procedure, not this workload. What it assumes of the arithmetic is what
+tests/test_profile.py assumes (one AdamW step at eta0 does not raise accuracy by 0.12, and
+each configuration gains 0.12 within the budget); the baseline's probe seed may meet the
+target inside its probe, and then ends `target_reached` instead of stopped."""
 
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from helpers.profile_kill import kill_profile_when, logged_steps
 from rlbatch.core.runlog import read_jsonl, read_run
 
 PROBE = ["--strategy", "probe", "--batches", "64", "--concurrency", "64",
-         "--set", "target.gain=0.08", "--set", "eval.prompts=512",
-         "--set", "eval.every_samples=256", "--set", "profile.fixed_lr_control=false",
+         "--set", "target.gain=0.12", "--set", "eval.prompts=512",
+         "--set", "eval.every_samples=128", "--set", "profile.min_evaluations=2",
+         "--set", "profile.fixed_lr_control=false",
          "--set", "profile.margin=1.0", "--set", "rollout.simulated_latency_s=1.0",
          "--set", "budget.max_samples=32768", "--set", "profile.probe_fraction=0.4"]
 
@@ -65,8 +69,9 @@ def test_probe_profile_resumes_and_confirms_the_predicted_winner(probed):
     trials = {t["trial"]: t for t in doc["trials"]}
     assert set(trials) == {"base-P16-s0", "base-P16-s1", "sqrt-P64-s0"}
     assert trials["base-P16-s0"]["status"] == "target_reached"
-    assert trials["base-P16-s1"]["status"] == "stopped"
-    assert trials["base-P16-s1"]["stop_code"] == "probe"
+    probe_seed = trials["base-P16-s1"]
+    assert (probe_seed["status"], probe_seed["stop_code"]) in (("stopped", "probe"),
+                                                               ("target_reached", None))
     # the winner's probe was continued to the target in the same run directory
     winner = read_run(trials["sqrt-P64-s0"]["run_dir"])
     assert winner.summary["status"] == "target_reached"

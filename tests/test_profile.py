@@ -9,6 +9,15 @@ B = 512 reaches the target in less training time than B0 = 128 across seeds. On 
 only a machine slowed several-fold by other work could flip it. The margin is wide (log
 ratio 1.0) because two seeds cannot resolve N* to 15%; the test is about the procedure, not
 about this workload's invariance.
+
+What the test assumes of the machine's arithmetic, and why it holds anywhere: the target
+(step-0 accuracy + 0.12 on 512 held-out prompts, evaluated after every B0 step) is not met
+by one AdamW step at eta0 (so it is not "too easy"), and both seeds of B0 and of B = 512
+meet it within 32,768 samples (GRPO from the band gains more than 0.12 in about 4k samples
+wherever it was measured). The kill needs nothing of the arithmetic: the profile always
+starts the baseline's second seed, and that trial cannot stop before its second step
+(its first evaluation after step 0 is at 256 samples), which the 1 s rollout latency puts
+at least a second after its first.
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ import pytest
 from helpers.profile_kill import kill_profile_when, logged_steps
 from rlbatch.core.runlog import read_jsonl
 
-WINS = ["--batches", "64", "--concurrency", "64", "--set", "target.gain=0.08",
-        "--set", "eval.prompts=512", "--set", "eval.every_samples=256",
+WINS = ["--batches", "64", "--concurrency", "64", "--set", "target.gain=0.12",
+        "--set", "eval.prompts=512", "--set", "eval.every_samples=128",
+        "--set", "profile.min_evaluations=2",
         "--set", "profile.fixed_lr_control=false", "--set", "profile.margin=1.0",
         "--set", "rollout.simulated_latency_s=1.0", "--set", "budget.max_samples=32768"]
 
@@ -44,11 +54,11 @@ def _run(cmd: list[str]) -> dict:
 
 def _kill_mid_way(out: Path) -> None:
     """SIGKILL the profile (with its trial process) once one trial has finished and the next
-    has logged a few steps."""
+    (the baseline's second seed, which every profile starts) has logged its first step."""
     def ready(events: list[dict]) -> bool:
         started = [e for e in events if e["event"] == "started"]
         return (any(e["event"] == "finished" for e in events) and len(started) >= 2
-                and logged_steps(started[-1]["run_dir"]) >= 3)
+                and logged_steps(started[-1]["run_dir"]) >= 1)
 
     kill_profile_when(_profile_cmd(out), out, ready, timeout_s=600)
 
@@ -109,7 +119,7 @@ def test_analyze_gives_the_profiles_decision_on_the_same_runs(resumed):
     assert (rec["config"], rec["evidence"], rec["seeds"]) == \
         (dec["config"], dec["evidence"], dec["seeds"])
     assert rec["time_ratio_ci"] == dec["time_ratio_ci"]
-    assert doc["target"]["gain"] == 0.08 and len(doc["target"]["thresholds"]) == 1
+    assert doc["target"]["gain"] == 0.12 and len(doc["target"]["thresholds"]) == 1
 
 
 @pytest.mark.slow

@@ -292,9 +292,9 @@ def load_bench_model(model: str, device: str, dtype=None):
     """(model, tokenizer, path) for `tiny` (built offline, cached) or a local HF folder;
     `dtype` ('float32', 'bfloat16'; None: the checkpoint's) casts the weights."""
     from rlbatch.rollout.models import load_model_and_tokenizer, resolve_model_path
-    from rlbatch.rollout.tiny_model import TinyRecipe, tiny_model_path
+    from rlbatch.rollout.tiny_model import recipe_for, tiny_model_path
 
-    path = tiny_model_path(TinyRecipe()) if model == "tiny" else resolve_model_path(
+    path = tiny_model_path(recipe_for("addition", 3)) if model == "tiny" else resolve_model_path(
         model, "addition", 3)
     m, tok = load_model_and_tokenizer(path, device=device, dtype=dtype)
     return m.eval(), tok, path

@@ -41,7 +41,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -101,9 +101,41 @@ TASK_RECIPES: dict[str, dict] = {
 }
 
 
+# Test-only (tests/README.md): `low` or `high` narrows the warm-start band to its lowest or
+# highest BAND_END_WIDTH, so that the suite can be run against models at both ends of it.
+BAND_ENV = "RLBATCH_TINY_BAND"
+BAND_END_WIDTH = 0.03
+
+
+# Test-only (tests/conftest.py): a file to which every use of a warm-started model appends
+# the running test's name, so that the suite can check that such tests are marked `trained`.
+USE_LOG_ENV = "RLBATCH_MODEL_USE_LOG"
+
+
+def _note_use(what: str) -> None:
+    log = os.environ.get(USE_LOG_ENV)
+    if log:  # PYTEST_CURRENT_TEST is pytest's own variable; subprocesses inherit it
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": test, "use": what}) + "\n")
+
+
 def recipe_for(task: str, digits: int) -> TinyRecipe:
-    """The build recipe of the tiny model for a built-in task."""
-    return TinyRecipe(task=task, digits=digits, **TASK_RECIPES.get(task, {}))
+    """The build recipe of the tiny model for a built-in task (narrowed by `BAND_ENV`)."""
+    return band_end(TinyRecipe(task=task, digits=digits, **TASK_RECIPES.get(task, {})))
+
+
+def band_end(r: TinyRecipe, end: str | None = None) -> TinyRecipe:
+    """`r` with its band narrowed to one end (`end`, default `$RLBATCH_TINY_BAND`): 'low' keeps
+    band_low .. band_low + BAND_END_WIDTH, 'high' band_high - BAND_END_WIDTH .. band_high."""
+    end = os.environ.get(BAND_ENV, "") if end is None else end
+    if not end:
+        return r
+    if end == "low":
+        return replace(r, band_high=round(r.band_low + BAND_END_WIDTH, 6))
+    if end == "high":
+        return replace(r, band_low=round(r.band_high - BAND_END_WIDTH, 6))
+    raise UserError(f"{BAND_ENV}={end!r}: expected 'low' or 'high' (or unset)")
 
 
 def chars_for(task: str) -> str:
@@ -293,6 +325,7 @@ def warm_start(model, tokenizer, recipe: TinyRecipe,
                progress: Callable[[int, float, float | None], None] | None = None) -> dict:
     """Fine-tune `model` in place until held-out accuracy lies in the band (BandSearch);
     raises WarmStartError when it cannot."""
+    _note_use(f"warm start of {recipe.key()}")
     return run_band_search(recipe, _SftRun(model, tokenizer, recipe, progress))
 
 
@@ -302,6 +335,7 @@ def tiny_model_path(recipe: TinyRecipe, *, build: bool = True,
     folder that fails `models.checkpoint_problem` (a weights file cut short, a JSON file that
     does not parse) is one line saying how to rebuild it; it is not rebuilt silently."""
     final = cache_root() / "models" / recipe.key()
+    _note_use(final.name)
     if (final / "rlbatch_build.json").exists():
         from rlbatch.rollout.models import checkpoint_problem, rebuild_hint
 
