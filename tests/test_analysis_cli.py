@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from scipy.stats import t as student_t
 
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
@@ -75,24 +77,42 @@ def by_b(doc):
     return {c["sequences_per_step"]: c for c in doc["configs"]}
 
 
+# The pooled log-normal model by hand (docs/analysis.md): geometric means, one s over the
+# configurations that crossed (df = runs - configurations), Student-t ends.
+CROSSED = {b: v for b, v in SWEEP.items() if v[0] is not None}
+DF = sum(len(v) for v in CROSSED.values()) - len(CROSSED)
+S = math.sqrt(sum(((np.log(v) - np.log(v).mean()) ** 2).sum() for v in CROSSED.values()) / DF)
+T90 = float(student_t.ppf(0.95, DF))
+
+
+def gm(values):
+    return math.exp(float(np.mean(np.log(values))))
+
+
 def test_configurations_group_seeds_and_medians(doc):
     cfg = by_b(doc)
     assert list(cfg) == [32, 64, 128, 256, 512, 1024, 2048]
     assert [cfg[b]["seeds"] for b in cfg] == [1, 3, 3, 3, 3, 3, 3]
-    assert cfg[128]["samples_to_target"] == 4550.0
-    assert cfg[256]["samples_to_target"] == 4550.0
-    assert cfg[1024]["samples_to_target"] == 9550.0
-    assert cfg[128]["samples_to_target_ci"] == [4450.0, 4650.0]
-    assert cfg[128]["throughput"] == 512.0
-    assert cfg[512]["time_to_target"] == pytest.approx(4550 / 2048, rel=1e-12)
+    assert cfg[128]["samples_to_target"] == pytest.approx(gm(SWEEP[128]), rel=1e-12)
+    assert cfg[256]["samples_to_target"] == pytest.approx(gm(SWEEP[256]), rel=1e-12)
+    assert cfg[1024]["samples_to_target"] == pytest.approx(gm(SWEEP[1024]), rel=1e-12)
+    assert cfg[256]["samples_to_target_median"] == 4550.0
+    half = T90 * S / math.sqrt(3)
+    assert cfg[128]["samples_to_target_ci"] == pytest.approx(
+        [gm(SWEEP[128]) * math.exp(-half), gm(SWEEP[128]) * math.exp(half)], rel=1e-9)
+    assert cfg[32]["samples_to_target_ci"] == pytest.approx(  # one seed: the pooled s
+        [4550 * math.exp(-T90 * S), 4550 * math.exp(T90 * S)], rel=1e-9)
+    assert cfg[128]["throughput"] == pytest.approx(512.0, rel=1e-12)
+    assert cfg[512]["time_to_target"] == pytest.approx(gm(SWEEP[512]) / 2048, rel=1e-12)
     assert sorted(r["samples_to_target"] for r in cfg[128]["runs"]) == [4450.0, 4550.0, 4650.0]
 
 
 def test_censored_configuration(doc):
     c = by_b(doc)[2048]
     assert c["samples_to_target"] is None and c["time_to_target"] is None
-    assert c["samples_to_target_lower_bound"] == float(LAST)
-    assert c["samples_to_target_ci"] == [float(LAST), None]
+    assert c["samples_to_target_lower_bound"] == pytest.approx(float(LAST), rel=1e-12)
+    lo, hi = c["samples_to_target_ci"]  # its bounds bound its mean below
+    assert lo == pytest.approx(LAST * math.exp(-T90 * S / math.sqrt(3)), rel=1e-9) and hi is None
     assert all(r["censored"] for r in c["runs"]) and c["censored_runs"] == 3
 
 
@@ -103,9 +123,11 @@ def test_verdicts_and_critical_batch(doc):
     assert verdicts == {32: "unconfirmed", 64: "aligned", 128: "reference", 256: "aligned",
                         512: "aligned", 1024: "departed", 2048: "departed"}
     assert cfg[32]["indication"] == "aligned"  # what its single seed suggests
-    assert cfg[256]["invariance"]["log_samples_ratio"] == 0.0
+    assert cfg[256]["invariance"]["log_samples_ratio"] == pytest.approx(
+        math.log(gm(SWEEP[256]) / gm(SWEEP[128])), rel=1e-9)
     lo, _ = cfg[1024]["invariance"]["log_samples_ratio_ci"]
-    assert lo == pytest.approx(math.log(9050 / 4650), rel=1e-12)
+    assert lo == pytest.approx(math.log(gm(SWEEP[1024]) / gm(SWEEP[128]))
+                               - T90 * S * math.sqrt(2 / 3), rel=1e-9)
     cb = doc["critical_batch"]
     assert cb["critical_batch_departure"] == 512
     assert cb["first_not_aligned_batch"] == 1024
@@ -125,14 +147,15 @@ def test_recommendation_and_prediction(doc):
     cfg = by_b(doc)
     rec = doc["recommendation"]
     assert rec["config"] == cfg[512]["config"] and rec["evidence"] == "established"
-    assert rec["p_faster_than_reference"] == 1.0
+    assert rec["p_faster_than_reference"] > 1 - 1e-9  # 4x the q of the same N*
     assert rec["time_ratio_ci"][1] < 1.0
     assert rec["speedup_vs_reference"] == pytest.approx(4.0, rel=1e-12)  # same N*, 4x q
     vs = cfg[512]["vs_reference"]
-    assert (vs["samples_ratio"], vs["throughput_ratio"], vs["faster_by_rule"]) == (1.0, 4.0, True)
+    assert vs["samples_ratio"] == pytest.approx(1.0) and vs["faster_by_rule"] is True
+    assert vs["throughput_ratio"] == pytest.approx(4.0)
     assert doc["prediction"]["b_noise"] == 1000.0
     assert doc["prediction"]["b_noise_source"] == "b_simple_actor"
-    n_hat = 4550.0 * (1 + 512 / 1000) / (1 + 128 / 1000)
+    n_hat = gm(SWEEP[128]) * (1 + 512 / 1000) / (1 + 128 / 1000)
     assert cfg[512]["predicted_samples_to_target"] == pytest.approx(n_hat, rel=1e-12)
     assert cfg[512]["predicted_time_to_target"] == pytest.approx(n_hat / 2048, rel=1e-12)
     assert cfg[128]["noise_scale"] == {"actor": 1000.0, "critic": None}

@@ -1,4 +1,4 @@
-"""Seed bootstrap, censored medians, invariance verdicts, McCandlish fit, prediction."""
+"""Pooled intervals, censored medians, invariance verdicts, McCandlish fit, prediction."""
 
 import math
 
@@ -45,35 +45,72 @@ def test_interval_uses_actual_bootstrap_values():
     assert stats.interval(x, hi, 0.90) == [5.0, None]  # upper end unbounded
 
 
-def test_one_seed_gives_point_intervals():
+def _fit(**configs):
+    return stats.fit_sweep([{"config": c, "runs": runs} for c, runs in configs.items()])
+
+
+def test_one_seed_each_gives_no_interval():
     runs = [run(100.0, 10.0, q=10.0)]
-    b = stats.config_boot("c", runs, n_boot=50, seed=0)
-    s = stats.config_stats(runs, b, 0.9)
-    assert s["samples_to_target"] == 100.0 and s["samples_to_target_ci"] == [100.0, 100.0]
-    assert s["time_to_target_ci"] == [10.0, 10.0] and s["throughput_ci"] == [10.0, 10.0]
+    s = stats.config_stats("c", runs, _fit(c=runs), 0.9)
+    assert s["samples_to_target"] == pytest.approx(100.0)
+    assert s["throughput"] == pytest.approx(10.0)
+    assert s["samples_to_target_ci"] == s["time_to_target_ci"] == [None, None]  # df = 0
+
+
+def test_pooled_interval_hand_computed():
+    # a: N* 100 and 400 (geometric mean 200); b: 200 and 200. Pooled s^2 over df = 4 - 2:
+    # ((log 2)^2 * 2 + 0) / 2, so s = log 2; se of a ratio = s; t(2 df, 0.95) = 2.919986
+    a, b = [run(100.0, 10.0), run(400.0, 40.0)], [run(200.0, 20.0), run(200.0, 20.0)]
+    fit = _fit(a=a, b=b)
+    assert fit.nstar.df == 2 and fit.nstar.s == pytest.approx(math.log(2.0), rel=1e-12)
+    s = stats.config_stats("a", a, fit, 0.9)
+    assert s["samples_to_target"] == pytest.approx(200.0, rel=1e-12)
+    half = 2.919986 * math.log(2.0) / math.sqrt(2.0)
+    assert s["samples_to_target_ci"] == pytest.approx([200 * math.exp(-half),
+                                                       200 * math.exp(half)], rel=1e-6)
+    assert s["samples_to_target_median"] == 250.0  # the descriptive median
+    cmp = stats.compare(fit, "a", "b", 0.9)
+    assert cmp["samples_ratio_ci"] == pytest.approx([2 ** -2.919986, 2 ** 2.919986], rel=1e-6)
+    assert cmp["p_faster"] == pytest.approx(0.5)  # equal geometric means of T
 
 
 def test_compare_censored_candidate_far_beyond_is_departed_else_inconclusive():
-    ref = stats.config_boot("r", [run(100.0, 10.0)] * 3, 200, 0)
-    far = stats.config_boot("c", [run(None, last=200.0, last_t=5.0)] * 3, 200, 0)
-    lo, hi = stats.compare(far, ref, 0.9)["log_samples_ratio_raw"]
-    assert (lo, hi) == (math.log(2.0), math.inf)
+    ref = [run(100.0, 10.0), run(100.0, 10.0), run(100.0, 10.0)]
+    far = [run(None, last=200.0, last_t=5.0)] * 3
+    lo, hi = stats.compare(_fit(r=ref, c=far), "c", "r", 0.9)["log_samples_ratio_raw"]
+    assert (lo, hi) == (pytest.approx(math.log(2.0)), math.inf)  # s = 0: the bounds alone
     assert invariance.verdict(lo, hi) == "departed"
-    short = stats.config_boot("c", [run(None, last=110.0, last_t=5.0)] * 3, 200, 0)
-    lo, hi = stats.compare(short, ref, 0.9)["log_samples_ratio_raw"]
+    short = [run(None, last=110.0, last_t=5.0)] * 3
+    lo, hi = stats.compare(_fit(r=ref, c=short), "c", "r", 0.9)["log_samples_ratio_raw"]
     assert invariance.verdict(lo, hi) == "inconclusive"
 
 
 def test_compare_ratios_and_probability():
-    base = stats.config_boot("b", [run(100.0, 20.0, q=5.0)] * 2, 100, 0)
-    cand = stats.config_boot("c", [run(200.0, 10.0, q=20.0)] * 2, 100, 0)
-    cmp = stats.compare(cand, base, 0.9)
-    assert cmp["log_samples_ratio_ci"] == [math.log(2.0), math.log(2.0)]
-    assert cmp["samples_ratio_ci"] == [2.0, 2.0]
-    assert cmp["throughput_ratio_ci"] == [4.0, 4.0]
-    assert cmp["time_ratio_ci"] == [0.5, 0.5]  # T = N*/q: (200/20) / (100/5)
+    base = [run(100.0, 20.0, q=5.0)] * 2
+    cand = [run(200.0, 10.0, q=20.0)] * 2
+    fit = _fit(b=base, c=cand)
+    cmp = stats.compare(fit, "c", "b", 0.9)
+    assert cmp["log_samples_ratio_ci"] == pytest.approx([math.log(2.0), math.log(2.0)])
+    assert cmp["samples_ratio_ci"] == pytest.approx([2.0, 2.0])
+    assert cmp["throughput_ratio_ci"] == pytest.approx([4.0, 4.0])
+    assert cmp["time_ratio_ci"] == pytest.approx([0.5, 0.5])  # T = N*/q: (200/20) / (100/5)
     assert cmp["p_faster"] == 1.0
-    assert stats.compare(base, cand, 0.9)["p_faster"] == 0.0
+    assert stats.compare(fit, "b", "c", 0.9)["p_faster"] == 0.0
+
+
+def test_censored_runs_are_fitted_as_bounds():
+    # half of a's runs stop short of the target: its estimate lies above the runs' values
+    a = [run(100.0, 10.0), run(None, last=150.0, last_t=15.0), run(120.0, 12.0),
+         run(None, last=160.0, last_t=16.0)]
+    b = [run(100.0, 10.0), run(130.0, 13.0), run(110.0, 11.0), run(125.0, 12.5)]
+    fit = _fit(a=a, b=b)
+    est = stats.config_stats("a", a, fit, 0.9)
+    assert est["samples_to_target"] > est["samples_to_target_lower_bound"]
+    assert est["samples_to_target_lower_bound"] == pytest.approx(
+        math.exp(np.mean(np.log([100, 150, 120, 160]))))
+    assert est["samples_to_target_median"] is None and est["censored_runs"] == 2
+    lo, hi = est["samples_to_target_ci"]
+    assert lo < est["samples_to_target"] < hi
 
 
 # ---------- invariance ----------
@@ -83,7 +120,7 @@ M = math.log(1.15)
 
 @pytest.mark.parametrize("lo,hi,expected", [
     (-0.1, 0.1, "aligned"), (0.2, 0.3, "departed"), (M, 0.5, "departed"),
-    (-0.5, -M, "departed"), (0.1, 0.2, "inconclusive"), (-0.2, 0.2, "inconclusive"),
+    (-0.5, -M, "fewer_samples"), (0.1, 0.2, "inconclusive"), (-0.2, 0.2, "inconclusive"),
     (-math.inf, math.inf, "inconclusive"), (0.2, math.inf, "departed"),
     (math.nan, 0.1, "inconclusive"),
 ])
@@ -205,12 +242,12 @@ def test_prediction():
 
 # ---------- selection ----------
 
-def _entry(cfg, verdict, t, ci=None, seeds=3, scaling="sqrt", b=256):
+def _entry(cfg, verdict, t, ci=None, seeds=3, scaling="sqrt", b=256, p=0.99):
     return {"config": cfg, "verdict": verdict, "time_to_target": t, "time_to_target_ci": [t, t],
             "sequences_per_step": b, "lr": 1.0, "seeds": seeds, "algorithm": "grpo",
             "lr_scaling": scaling,
             "vs_reference": None if ci is None else {"time_ratio": t / 10.0,
-                                                     "time_ratio_ci": ci, "p_faster": 0.97}}
+                                                     "time_ratio_ci": ci, "p_faster": p}}
 
 
 REF = _entry("ref", "reference", 10.0, b=128)
@@ -218,19 +255,19 @@ REF = _entry("ref", "reference", 10.0, b=128)
 
 def test_recommendation_needs_an_advantage_that_holds_across_seeds():
     a = _entry("a", "aligned", 6.0, [0.5, 0.8])
-    b = _entry("b", "aligned", 5.0, [0.3, 1.1], b=512)  # faster point estimate, not established
+    b = _entry("b", "aligned", 5.0, [0.3, 1.1], b=512, p=0.9)  # faster, not shown
     rec = selection.recommend([REF, a, b], "ref")
     assert (rec["config"], rec["evidence"], rec["is_reference"]) == ("a", "established", False)
-    assert rec["speedup_vs_reference"] == 10.0 / 6.0 and rec["p_faster_than_reference"] == 0.97
+    assert rec["speedup_vs_reference"] == 10.0 / 6.0 and rec["p_faster_than_reference"] == 0.99
     assert [o["config"] for o in rec["open"]] == ["b"]
 
 
 def test_recommendation_keeps_the_reference_and_says_what_to_run():
-    a = _entry("a", "aligned", 8.0, [0.7, 1.1])
+    a = _entry("a", "aligned", 8.0, [0.7, 1.1], p=0.8)
     rec = selection.recommend([REF, a], "ref")
     assert rec["is_reference"] and rec["evidence"] == "not_enough"
     assert rec["p_faster_than_reference"] is None and "B=256" in rec["next"]
-    slow = _entry("s", "aligned", 12.0, [1.1, 1.3])
+    slow = _entry("s", "aligned", 12.0, [1.1, 1.3], p=0.01)
     done = selection.recommend([REF, slow], "ref")
     assert done["evidence"] == "none_faster" and done["next"] is None
     assert [c["config"] for c in done["compared"]] == ["ref", "s"]

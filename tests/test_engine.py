@@ -24,7 +24,7 @@ from rlbatch.rollout.decode_bench import (
     plateau_concurrency,
     sweep_concurrency,
 )
-from rlbatch.rollout.engine import SamplingParams, sample_next
+from rlbatch.rollout.engine import SamplingParams, keyed_uniforms, response_keys, sample_next
 from rlbatch.rollout.hf_engine import HFEngine
 
 transformers = pytest.importorskip("transformers")
@@ -474,3 +474,61 @@ def test_decode_bench_bad_input_exits_2_with_one_line(bench_model, capsys, args,
     code, _, err = run_cli(base + args, capsys)
     assert code == 2
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- keyed sampling
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_keyed_rollouts_are_the_same_at_every_concurrency(top_p):
+    """Each response draws from its own keyed stream, so the decode concurrency (which
+    decides slots, refill waves and the full/gather path) changes no token."""
+    model, max_new = small_llama(), 12
+    prompts = random_prompts(64, seed=4)
+    eos = pick_eos(model, prompts, max_new)
+    params = SamplingParams(max_new_tokens=max_new, temperature=1.0, top_p=top_p)
+    keys = response_keys(seed=7, stream=0, first_prompt=100, prompts=16, group=4)
+    eng = BuiltinEngine(model, [eos], PAD)
+    outs = {c: eng.generate(prompts, params, c, keys=keys) for c in (16, 64, 256)}
+    ref = outs[16]
+    assert len(set(ref.lengths.tolist())) >= 3  # EOS and length endings both occur
+    for c, out in outs.items():
+        assert rows_of(out) == rows_of(ref), c
+        assert torch.allclose(out.logprobs, ref.logprobs, atol=1e-5), c
+    # the generator is not drawn from: the same rollouts whatever its state
+    again = eng.generate(prompts, params, 64, generator=torch.Generator().manual_seed(99),
+                         keys=keys)
+    assert rows_of(again) == rows_of(ref)
+
+
+def test_keyed_response_follows_its_key_not_its_position():
+    model, max_new = small_llama(), 10
+    prompts = random_prompts(32, seed=6)
+    params = SamplingParams(max_new_tokens=max_new, temperature=1.0)
+    keys = response_keys(seed=1, stream=0, first_prompt=0, prompts=8, group=4)
+    eng = BuiltinEngine(model, [], PAD)
+    base = rows_of(eng.generate(prompts, params, 8, keys=keys))
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(3)).tolist()
+    moved = rows_of(eng.generate([prompts[i] for i in order], params, 8,
+                                 keys=[keys[i] for i in order]))
+    assert [moved[order.index(i)] for i in range(32)] == base
+    other = rows_of(eng.generate(prompts, params, 8,
+                                 keys=response_keys(2, 0, 0, 8, 4)))  # another seed
+    assert sum(a != b for a, b in zip(other, base)) > 16
+
+
+def test_response_keys_are_distinct_and_stable():
+    keys = response_keys(0, 0, 0, 64, 8)
+    assert len(set(keys)) == 512 and all(0 <= k < 2 ** 63 for k in keys)
+    assert keys == response_keys(0, 0, 0, 64, 8)
+    assert response_keys(0, 0, 8, 1, 8) == keys[64:72]  # prompt 8 of the stream, any step
+    assert not set(keys) & set(response_keys(0, 1, 0, 64, 8))  # evaluation has its own
+
+
+def test_inverse_cdf_draws_follow_the_distribution():
+    """Keyed sampling draws exactly from softmax(logits / T): 20,000 draws of one row."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).repeat(20000, 1)
+    u = keyed_uniforms([5], 20000)[0]
+    tok, _ = sample_next(logits, SamplingParams(4, temperature=1.0), None, u)
+    freq = torch.bincount(tok, minlength=4).double() / 20000
+    want = torch.softmax(torch.tensor([0.0, 1.0, 2.0, -1.0]), -1).double()
+    assert torch.allclose(freq, want, atol=0.01)  # 3.5 binomial sd at most

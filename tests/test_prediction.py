@@ -50,7 +50,7 @@ def steps(q: float, n: int = 40, per_step: int = 256, first_s: float = 30.0):
 
 
 @pytest.mark.parametrize("stretch,verdict", [(1.0, "aligned"), (1.8, "departed"),
-                                             (0.55, "departed")])
+                                             (0.55, "fewer_samples")])
 def test_ratio_and_verdict_on_clean_curves(stretch, verdict):
     rng = np.random.default_rng(3)
     base = baseline(0.01, rng)

@@ -12,7 +12,7 @@ from rlbatch.analysis.crossing import Target
 from rlbatch.analysis.probe_check import check_predictions
 from rlbatch.core.errors import DataError
 from rlbatch.report.html import _probe_check
-from test_analysis_cli import ACC, SWEEP, make_sweep, run_cli
+from test_analysis_cli import ACC, SWEEP, gm, make_sweep, run_cli
 
 
 def lr(b):
@@ -20,7 +20,7 @@ def lr(b):
 
 
 def measured_t(b):
-    return sorted(SWEEP[b])[1] / (4 * b)  # median N* of three seeds / q
+    return gm(SWEEP[b]) / (4 * b)  # N* of three seeds (geometric mean) / q
 
 
 REF_T = measured_t(128)

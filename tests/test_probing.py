@@ -27,7 +27,7 @@ PROBE = ["--strategy", "probe", "--batches", "64", "--concurrency", "64",
          "--set", "target.gain=0.12", "--set", "eval.prompts=512",
          "--set", "eval.every_samples=128", "--set", "profile.min_evaluations=2",
          "--set", "profile.fixed_lr_control=false",
-         "--set", "profile.margin=1.0", "--set", "rollout.simulated_latency_s=1.0",
+         "--set", "profile.margin=1.0", "--set", "rollout.simulated_latency_s=2.0",
          "--set", "budget.max_samples=32768", "--set", "profile.probe_fraction=0.4"]
 
 
@@ -37,10 +37,12 @@ def _cmd(out: Path) -> list[str]:
 
 
 def _kill_in_a_probe(out: Path) -> None:
-    """SIGKILL the profile (and its trial) once the candidate's probe has logged 2 steps."""
+    """SIGKILL the profile (and its trial) once the candidate's probe has logged a step. Its
+    probe lasts 0.4 x the baseline's N*, so this assumes N*_base > 1,280 samples (ten B0
+    steps), so that the probe has a second step of 512 samples."""
     def ready(events: list[dict]) -> bool:
         return any(e["event"] == "started" and e["trial"] == "sqrt-P64-s0"
-                   and logged_steps(e["run_dir"]) >= 2 for e in events)
+                   and logged_steps(e["run_dir"]) >= 1 for e in events)
 
     kill_profile_when(_cmd(out), out, ready)
 

@@ -171,15 +171,16 @@ def test_invariance_against_samples_and_seconds(sweep):
 def test_scaling_and_decision_rule(sweep):
     _, _, doc = sweep
     pts = _by_label(figures.scaling_data(doc)["points"])
-    assert pts[BASE]["samples_to_target"] == 576.0 and pts[BASE]["time_to_target"] == 2.25
-    assert pts[SQRT]["samples_to_target"] == 576.0
+    assert pts[BASE]["samples_to_target"] == pytest.approx(576.0, rel=1e-12)
+    assert pts[BASE]["time_to_target"] == pytest.approx(2.25, rel=1e-12)
+    assert pts[SQRT]["samples_to_target"] == pytest.approx(576.0, rel=1e-12)
     assert pts[SQRT]["time_to_target"] == pytest.approx(576 / 409.6, rel=1e-12)
-    assert pts[FIXED]["samples_to_target"] == 960.0
+    assert pts[FIXED]["samples_to_target"] == pytest.approx(960.0, rel=1e-12)
     rule = figures.decision_rule_data(doc)
     got = {p["label"]: (p["verdict"], p["faster_by_rule"]) for p in rule["points"]}
     assert got == {SQRT: ("aligned", True), FIXED: ("departed", False)}
     r = _by_label(rule["points"])
-    assert r[SQRT]["samples_ratio"] == 1.0
+    assert r[SQRT]["samples_ratio"] == pytest.approx(1.0, rel=1e-12)
     assert r[SQRT]["throughput_ratio"] == pytest.approx(1.6, rel=1e-12)
     assert r[FIXED]["samples_ratio"] == pytest.approx(960 / 576, rel=1e-12)
     assert rule["not_plotted"] == []

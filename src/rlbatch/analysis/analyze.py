@@ -1,10 +1,10 @@
 """`analyze`: run logs -> one JSON-ready document (what `rlbatch analyze --json` prints).
 
 Pipeline (each step a pure function of the previous one's data): per-run N*, T, q
-(crossing.py) -> configurations grouped by config id (runs.py) -> seed-bootstrap medians and
-intervals (stats.py) -> invariance vs the reference and verdicts (invariance.py) -> critical
-batch in the departure sense, McCandlish fit and T(B) prediction (noise.py) ->
-verdicts and recommendation (selection.py). Only `analyze` touches files (through runs.load_runs).
+(crossing.py) -> configurations grouped by config id (runs.py) -> estimates and intervals
+from the pooled log-normal model (stats.py, seedstats.py) -> invariance vs the reference
+and verdicts (invariance.py) -> critical batch in the departure sense, McCandlish fit and
+T(B) prediction (noise.py) -> verdicts and recommendation (selection.py). Only `analyze` touches files (through runs.load_runs).
 
 A target metric that is logged but has no numeric value in any run (every value null or
 not a number) is a DataError saying so and naming the first non-numeric value as
@@ -90,20 +90,40 @@ def _run_entry(r: dict, frames: RunFrames) -> dict:
     return entry
 
 
-def config_entry(g: dict, frames: RunFrames, boot: stats.ConfigBoot, ci: float) -> dict:
-    """One configuration's entry: metadata, seeds, medians + intervals, noise scale, runs."""
-    runs = g["runs"]
-    return {
-        "config": g["config"], **{k: g[k] for k in META_KEYS}, "seeds": len(runs),
-        **stats.config_stats(runs, boot, ci),
-        "noise_scale": noise.config_noise_summary([frames.run_steps(r["run"]) for r in runs]),
-        "runs": [_run_entry(r, frames) for r in runs],
-    }
+def judge(groups: list[dict], ref_id: str, margin: float, ci: float
+          ) -> tuple[list[dict], dict[str, dict], dict]:
+    """Pure, on per-run records grouped by configuration (group_configs): each one's
+    estimates and intervals, and for each non-reference configuration its comparison with
+    the reference, verdict and `vs_reference`. Returns (entries, comparisons by config id,
+    pooled fits by config id). bench/coverage.py simulates through this function."""
+    fits = stats.fit_by_algorithm(groups)
+    by_id = {g["config"]: g for g in groups}
+    entries = [{"config": g["config"], **{k: g[k] for k in META_KEYS}, "seeds": len(g["runs"]),
+                **stats.config_stats(g["config"], g["runs"], fits[g["config"]], ci),
+                "runs": g["runs"]} for g in groups]
+    ref = next(e for e in entries if e["config"] == ref_id)
+    ref.update(verdict="too_easy" if any(r.get("too_easy") for r in ref["runs"])
+               else "reference", indication=None, invariance=None, vs_reference=None)
+    comparisons = {}
+    for e in entries:
+        if e is ref:
+            continue
+        cmp = _compare(fits, by_id, e["config"], ref_id, ci)
+        lo, hi = cmp["log_samples_ratio_raw"]
+        e.update(selection.config_verdict(e, ref, lo, hi, margin))
+        e["vs_reference"] = selection.versus_baseline(e, ref, cmp)
+        comparisons[e["config"]] = cmp
+    return entries, comparisons, fits
 
 
-def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict, margin: float) -> dict:
-    lo, hi = cmp["log_samples_ratio_raw"]
-    entry.update(selection.config_verdict(entry, ref, lo, hi, margin))
+def _compare(fits: dict, groups: dict, a: str, b: str, ci: float) -> dict:
+    """stats.compare of a with b in their shared pooled fit, or in a fit of the two alone
+    when they belong to different pools (other algorithms)."""
+    fit = fits[a] if fits[a] is fits[b] else stats.fit_sweep([groups[a], groups[b]])
+    return stats.compare(fit, a, b, ci)
+
+
+def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict) -> dict:
     return {
         "log_samples_ratio": invariance.log_ratio_point(entry["samples_to_target"],
                                                         ref["samples_to_target"]),
@@ -158,7 +178,8 @@ def _first_eval(entry: dict) -> str:
     return f"{min(firsts):,.0f}" if firsts else "?"
 
 
-def _controls(entries: list[dict], ref: dict, boots: dict, ci: float) -> list[dict]:
+def _controls(entries: list[dict], ref: dict, fits: dict, groups: dict,
+              ci: float) -> list[dict]:
     """Each configuration of the reference's algorithm with another LR rule (the fixed-LR
     control) against its twin of the reference's family at the same B."""
     fam = selection.family(entries, ref)
@@ -169,7 +190,7 @@ def _controls(entries: list[dict], ref: dict, boots: dict, ci: float) -> list[di
         twin = next((f for f in fam if f["sequences_per_step"] == e["sequences_per_step"]),
                     None)
         if twin is not None:
-            cmp = stats.compare(boots[e["config"]], boots[twin["config"]], ci)
+            cmp = _compare(fits, groups, e["config"], twin["config"], ci)
             out.append(selection.control_versus_twin(e, twin, cmp))
     return out
 
@@ -194,24 +215,21 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
     missing = [r["run"] for r in records if r["evaluations"] == 0]
     groups = group_configs(records)
     ref_id, why = choose_reference(groups, reference_run)
-    boots = {g["config"]: stats.config_boot(g["config"], g["runs"], n_boot, seed) for g in groups}
-    entries = [config_entry(g, frames, boots[g["config"]], ci) for g in groups]
+    entries, comparisons, fits = judge(groups, ref_id, margin, ci)
+    by_id = {g["config"]: g for g in groups}
     ref = next(e for e in entries if e["config"] == ref_id)
-    ref_group = next(g for g in groups if g["config"] == ref_id)
-    ref_curves = _curves(frames, ref_group["runs"], target, source, smooth)
-    ref_idx = stats.boot_indices(len(ref_group["runs"]), n_boot, seed, ref_id)
-    ref_easy = any(r.get("too_easy") for r in ref["runs"])
-    ref.update(verdict="too_easy" if ref_easy else "reference", indication=None,
-               invariance=None, vs_reference=None)
+    ref_curves = _curves(frames, by_id[ref_id]["runs"], target, source, smooth)
+    ref_idx = stats.boot_indices(len(by_id[ref_id]["runs"]), n_boot, seed, ref_id)
     for g, e in zip(groups, entries):
+        e["noise_scale"] = noise.config_noise_summary([frames.run_steps(r["run"])
+                                                       for r in g["runs"]])
+        e["runs"] = [_run_entry(r, frames) for r in g["runs"]]
         if e is ref:
             continue
-        cmp = stats.compare(boots[e["config"]], boots[ref_id], ci)
         idx = stats.boot_indices(len(g["runs"]), n_boot, seed, g["config"])
         curves = invariance.invariance_curves(
             ref_curves, _curves(frames, g["runs"], target, source, smooth), ref_idx, idx, ci)
-        e["invariance"] = _invariance(e, ref, cmp, curves, margin)
-        e["vs_reference"] = selection.versus_baseline(e, ref, cmp)
+        e["invariance"] = _invariance(e, ref, comparisons[e["config"]], curves)
     critical = _critical_batch(entries, ref)
     return json_safe({
         "target": {**target.as_dict(), "thresholds": _thresholds(records)},
@@ -221,7 +239,7 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         "configs": entries, "critical_batch": critical,
         "prediction": _predict(entries, ref, critical["mccandlish_fit"]),
         "recommendation": selection.recommend(entries, ref_id),
-        "fixed_lr_controls": _controls(entries, ref, boots, ci),
+        "fixed_lr_controls": _controls(entries, ref, fits, by_id, ci),
         "problem": _problem(ref),
         "warnings": _warnings(frames, missing, entries),
     })
@@ -285,6 +303,9 @@ def _settings(margin: float, ci: float, n_boot: int, seed: int, smooth: int) -> 
         "ci": ci, "bootstrap_resamples": n_boot, "bootstrap_seed": seed,
         "margin": margin, "margin_ratio": math.exp(margin),
         "smoothing": "none" if smooth == 1 else f"trailing mean of {smooth} evaluations",
+        "estimates": "geometric means across seeds with intervals from a log-normal model, "
+                     "variance pooled per algorithm, censored runs by their bounds (Tobit)",
+        "bootstrap": "pointwise bands of the invariance curves only",
         "censored_median": "null when it involves a censored run (more than half censored, "
                            "or exactly half with an even number of seeds)",
     }

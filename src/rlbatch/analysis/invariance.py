@@ -12,13 +12,16 @@ curves plotted against cumulative samples should coincide (Malladi et al. 2022; 
    (integral of |diff| d samples / grid width) divided by the range (max - min) of the
    reference mean curve on the grid. 0 = identical; 0.1 = a gap of a tenth of the progress
    the reference made over the shared range.
-3. log(N*_cand / N*_ref) (medians across seeds) with its bootstrap interval (stats.py).
+3. log(N*_cand / N*_ref) (geometric means across seeds) with its interval (stats.py).
 
-Verdict (equivalence, TOST-style, margin m = log(1.15) by default): `aligned` if the whole
-interval lies inside (-m, m); `departed` if it lies wholly outside (lower end >= m or upper
-end <= -m); `inconclusive` otherwise. Censored runs enter the interval through their bounds,
-so a candidate that never reached the target is `departed` only if even its last evaluated
-samples exceed N*_ref * e^m, and `inconclusive` when it simply stopped earlier.
+Verdict on the interval of log(N* ratio), margin m = log(1.15) by default: `aligned` if the
+whole interval lies inside (-m, m) (equivalence shown, TOST-style); `departed` if its lower
+end is >= m (the candidate needs more samples than the margin allows, shown one-sidedly:
+the method's step 3 rejects it); `fewer_samples` if its upper end is <= -m (it needs fewer
+samples than the reference: not rejected, a sign that eta0 is under-tuned at B0);
+`inconclusive` otherwise. Censored runs enter through their bounds, so a candidate that never
+reached the target is `departed` only if its last evaluated samples are far enough beyond
+N*_ref, and `inconclusive` when it simply stopped earlier.
 
 "Critical batch (departure sense)" = the largest B such that it and every smaller tested B
 of the reference's family (same algorithm and lr_scaling) are aligned. It is not
@@ -35,17 +38,19 @@ import numpy as np
 from rlbatch.analysis.stats import finite_or_none
 
 DEFAULT_MARGIN = math.log(1.15)
-VERDICTS = ("aligned", "departed", "inconclusive")
+VERDICTS = ("aligned", "departed", "fewer_samples", "inconclusive")
 
 
 def verdict(log_lo: float, log_hi: float, margin: float = DEFAULT_MARGIN) -> str:
-    """TOST-style equivalence verdict from the interval [log_lo, log_hi] of log(N* ratio)."""
+    """The verdict (module text) from the interval [log_lo, log_hi] of log(N* ratio)."""
     if math.isnan(log_lo) or math.isnan(log_hi):
         return "inconclusive"
     if -margin < log_lo and log_hi < margin:
         return "aligned"
-    if log_lo >= margin or log_hi <= -margin:
+    if log_lo >= margin:
         return "departed"
+    if log_hi <= -margin:
+        return "fewer_samples"
     return "inconclusive"
 
 
@@ -112,7 +117,7 @@ def invariance_curves(ref_curves, cand_curves, ref_idx: np.ndarray, cand_idx: np
 
 
 def log_ratio_point(nstar_cand: float | None, nstar_ref: float | None) -> float | None:
-    """log(N*_cand / N*_ref) of the medians; None when either is unknown or zero."""
+    """log(N*_cand / N*_ref) of the estimates; None when either is unknown or zero."""
     if not nstar_cand or not nstar_ref:
         return None
     return finite_or_none(math.log(nstar_cand / nstar_ref))
@@ -126,7 +131,8 @@ def critical_batch_departure(entries: list[dict]) -> dict:
     still aligned (the departure lies beyond the sweep)."""
     by_b: dict[int, list[str]] = {}
     for e in entries:
-        if e.get("verdict") not in ("reference", "aligned", "departed", "inconclusive"):
+        if e.get("verdict") not in ("reference", "aligned", "departed", "fewer_samples",
+                                    "inconclusive"):
             continue  # unconfirmed, slower, too_easy: nothing known about alignment
         if e.get("sequences_per_step") is not None:
             by_b.setdefault(int(e["sequences_per_step"]), []).append(e["verdict"])

@@ -1,8 +1,9 @@
 """Verdicts per configuration, the decision rule and the recommendation.
 
-Decision rule (docs/design.md, Method): T = N*/q with q measured over the same span as N*
-(stats.py), so a candidate beats the baseline exactly when q_cand/q_base > N*_cand/N*_base.
-Both ratios are reported with their bootstrap intervals, and so is T_cand/T_base.
+Decision rule (docs/design.md, Method; docs/analysis.md, "The decision"): T = N*/q with q
+measured over the same span as N* (stats.py), so a candidate beats the baseline exactly when
+q_cand/q_base > N*_cand/N*_base. Both ratios are reported with their intervals, and so is
+T_cand/T_base.
 
 Verdicts (one word per meaning; docs/analysis.md):
 - `reference`: the baseline every other configuration is compared with;
@@ -12,28 +13,37 @@ Verdicts (one word per meaning; docs/analysis.md):
   baseline's median time to target (stop code `cannot_win`): slower than the baseline is
   what is known, nothing about alignment;
 - `unconfirmed`: it or the reference has fewer than 2 seeds; its `indication` holds what the
-  single seed suggests (aligned / departed / inconclusive), and no interval or P(faster) of
-  it is reported as evidence;
-- `aligned`, `departed`, `inconclusive`: the equivalence test on log(N* ratio)
-  (invariance.verdict) with at least 2 seeds on both sides.
+  single seed suggests, and no interval or P(faster) of it is reported as evidence;
+- `aligned`, `departed`, `fewer_samples`, `inconclusive`: the N* ratio's interval against
+  the margin (invariance.verdict) with at least 2 seeds on both sides.
 
-Recommendation: only from the reference's LR-scaling family (same algorithm and
-lr_scaling: square root by default; the fixed-LR control is reported against its sqrt twin
-instead). A candidate is recommended only when it is `aligned` and its advantage holds
-across seeds: the upper end of the T-ratio interval is below 1. Among such candidates the
-lowest T wins; otherwise the reference is kept. `evidence` says which case holds, and
-`next` names what to run when the evidence is not enough. No torch import.
+Recommendation, from the reference's LR-scaling family only (the fixed-LR control is
+reported against its sqrt twin instead), as the method's step 3 reads: a candidate is
+rejected only when its sample efficiency is shown to be worse beyond the margin
+(`departed`), or it is `slower` or `too_easy`; among the rest, those whose T advantage is
+shown (P(faster) above 1 - alpha/m by Holm's step-down over the m candidates compared, alpha
+= (1 - ci) / 2 one-sided) are `shown faster`, and the lowest T among them wins; otherwise
+the reference is kept. Alignment is a diagnostic. A candidate that needs clearly fewer
+samples than B0 says that eta0 looks under-tuned at B0 (`reference_lr_check`). `evidence`
+says which case holds, and `next` names what to run when the evidence is not enough, with
+the seeds each side needs (`plan`). No torch import.
 """
 
 from __future__ import annotations
 
-from rlbatch.analysis import invariance
+import math
+
+from rlbatch.analysis import invariance, seedstats
 from rlbatch.analysis.stats import finite_or_none
 
 MIN_SEEDS = 2
+DEFAULT_ALPHA = 0.05
+POWER = 0.8
 RULE = ("lowest T = N*/q among configurations of the reference's LR-scaling family that are "
-        "aligned with it and faster across seeds (upper end of the T-ratio interval < 1); "
-        "otherwise keep the reference")
+        "not shown to need more samples beyond the margin and whose T advantage is shown "
+        "(P(faster) above 1 - alpha/m, Holm over the m candidates); otherwise keep the "
+        "reference")
+REJECTED = ("departed", "slower", "too_easy", "reference")
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -58,9 +68,9 @@ def config_verdict(entry: dict, ref: dict, log_lo: float, log_hi: float, margin:
 
 def versus_baseline(cand: dict, base: dict, comparison: dict) -> dict:
     """N*, q and T ratios (candidate / baseline) with intervals, whether the rule
-    q_ratio > N*_ratio holds at the point estimates, and P(T_cand < T_base). Intervals and
-    P(faster) are None when either side has fewer than 2 seeds (a single seed gives a point,
-    not a spread)."""
+    q_ratio > N*_ratio holds at the point estimates, and P(faster), the one-sided confidence
+    that T_cand < T_base. Intervals and P(faster) are None when either side has fewer than
+    2 seeds (a single seed gives an indication, never a verdict)."""
     n_ratio = _ratio(cand["samples_to_target"], base["samples_to_target"])
     q_ratio = _ratio(cand["throughput"], base["throughput"])
     wins = None if n_ratio is None or q_ratio is None else bool(q_ratio > n_ratio)
@@ -76,6 +86,9 @@ def versus_baseline(cand: dict, base: dict, comparison: dict) -> dict:
         "time_ratio_ci": comparison["time_ratio_ci"] if seeded else none2,
         "faster_by_rule": wins,
         "p_faster": keep(comparison["p_faster"]),
+        "time_ratio_se": comparison.get("time_ratio_se"),
+        "run_sd_log_time": comparison.get("run_sd_log_time"),
+        "df": comparison.get("df"),
         "seeds": [cand["seeds"], base["seeds"]],
     }
 
@@ -86,9 +99,27 @@ def family(entries: list[dict], ref: dict) -> list[dict]:
             and e["lr_scaling"] == ref["lr_scaling"]]
 
 
-def established_faster(e: dict) -> bool:
-    hi = ((e.get("vs_reference") or {}).get("time_ratio_ci") or [None, None])[1]
-    return e["verdict"] == "aligned" and hi is not None and hi < 1.0
+def _p_faster(e: dict) -> float | None:
+    return (e.get("vs_reference") or {}).get("p_faster")
+
+
+def eligible(e: dict) -> bool:
+    """Compared with the reference on at least 2 seeds each and not rejected."""
+    return e["verdict"] not in REJECTED + ("unconfirmed",) and _p_faster(e) is not None
+
+
+def shown_faster(entries: list[dict], ref: dict, alpha: float = DEFAULT_ALPHA) -> list[dict]:
+    """The family candidates whose T advantage holds by Holm's step-down at one-sided level
+    `alpha` over all eligible candidates (so the chance of recommending any configuration
+    that is not faster stays at most alpha)."""
+    pool = sorted((e for e in family(entries, ref) if e is not ref and eligible(e)),
+                  key=lambda e: (1.0 - _p_faster(e), e["config"]))
+    out = []
+    for i, e in enumerate(pool):
+        if 1.0 - _p_faster(e) > alpha / (len(pool) - i):
+            break
+        out.append(e)
+    return out
 
 
 def could_still_win(e: dict, ref: dict) -> bool:
@@ -96,7 +127,7 @@ def could_still_win(e: dict, ref: dict) -> bool:
     ruled out (departed, slower, too_easy, or a single seed that missed the crossing by more
     than the margin), and a point time to target (its lower bound when censored) below the
     reference's."""
-    if e is ref or e["verdict"] in ("departed", "slower", "too_easy", "reference"):
+    if e is ref or e["verdict"] in REJECTED:
         return False
     if e["time_to_target"] is None and e.get("indication") == "departed":
         return False
@@ -105,11 +136,11 @@ def could_still_win(e: dict, ref: dict) -> bool:
     return t is None or ref["time_to_target"] is None or t < ref["time_to_target"]
 
 
-def open_candidates(entries: list[dict], ref: dict) -> list[dict]:
-    """Family configurations that may still beat the reference but are not established as
-    faster (unconfirmed or inconclusive, or aligned with an interval that reaches 1)."""
-    return [e for e in family(entries, ref)
-            if could_still_win(e, ref) and not established_faster(e)]
+def open_candidates(entries: list[dict], ref: dict, winners: list[dict] | None = None
+                    ) -> list[dict]:
+    """Family configurations that may still beat the reference but are not shown faster."""
+    won = {e["config"] for e in (shown_faster(entries, ref) if winners is None else winners)}
+    return [e for e in family(entries, ref) if could_still_win(e, ref) and e["config"] not in won]
 
 
 def challenger(entries: list[dict], ref: dict) -> dict | None:
@@ -125,24 +156,20 @@ def challenger(entries: list[dict], ref: dict) -> dict | None:
                                     e["config"]))
 
 
-def recommend(entries: list[dict], reference: str) -> dict | None:
+def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA) -> dict | None:
     """The recommendation (None when the reference itself has no resolved time to target)."""
     ref = next(e for e in entries if e["config"] == reference)
     if ref["verdict"] == "too_easy" or ref["time_to_target"] is None:
         return None
     fam = family(entries, ref)
-    winners = [e for e in fam if e is not ref and established_faster(e)]
+    winners = shown_faster(entries, ref, alpha)
     best = min(winners, key=lambda e: (e["time_to_target"], e["config"])) if winners else ref
-    pending = open_candidates(entries, ref)
+    pending = open_candidates(entries, ref, winners)
     compared = [e for e in fam if e["seeds"] >= MIN_SEEDS and e["verdict"] != "too_easy"]
-    if winners:
-        evidence = "established"
-    elif pending:
-        evidence = "not_enough"
-    else:
-        evidence = "none_faster"
+    evidence = "established" if winners else ("not_enough" if pending else "none_faster")
     is_ref = best is ref
     vs = best.get("vs_reference") or {}
+    plan = seed_plan(pending, ref, alpha)
     return {
         "config": best["config"],
         "sequences_per_step": best["sequences_per_step"],
@@ -156,24 +183,95 @@ def recommend(entries: list[dict], reference: str) -> dict | None:
                                                            best["time_to_target"]),
         "time_ratio_ci": None if is_ref else vs.get("time_ratio_ci"),
         "p_faster_than_reference": None if is_ref else vs.get("p_faster"),
+        "alpha": alpha,
+        "shown_faster": [e["config"] for e in winners],
         "compared": [{"config": e["config"], "seeds": e["seeds"], "verdict": e["verdict"]}
                      for e in compared],
+        "rejected": [{"config": e["config"], "sequences_per_step": e["sequences_per_step"],
+                      "verdict": e["verdict"], "why": rejection_reason(e)}
+                     for e in fam if e is not ref and e["verdict"] in REJECTED],
         "open": [{"config": e["config"], "seeds": e["seeds"], "verdict": e["verdict"],
                   "time_ratio": (e.get("vs_reference") or {}).get("time_ratio")}
                  for e in pending],
-        "next": next_step(pending, ref),
+        "plan": plan,
+        "reference_lr_check": reference_lr_check(fam, ref),
+        "next": next_step(plan, ref),
         "rule": RULE,
     }
 
 
-def next_step(pending: list[dict], ref: dict) -> str | None:
-    """What to run to settle the open candidates (None when nothing is open)."""
-    if not pending:
+def rejection_reason(e: dict) -> str:
+    """Why a family candidate is out of the decision, in words."""
+    vs = e.get("vs_reference") or {}
+    if e["verdict"] == "departed":
+        lo = (vs.get("samples_ratio_ci") or [None, None])[0]
+        return (f"needs more samples than the reference beyond the margin (N* ratio "
+                f"{_fmt(vs.get('samples_ratio'))}, interval from {_fmt(lo)}): rejected by step 3 "
+                "of the method")
+    if e["verdict"] == "slower":
+        return ("stopped early: it trained longer than the reference's time to target "
+                "without reaching the target")
+    return "target met by its first evaluation: no N* resolved"
+
+
+def _fmt(x: float | None) -> str:
+    return "?" if x is None else f"{x:.2f}x"
+
+
+def reference_lr_check(fam: list[dict], ref: dict) -> dict | None:
+    """When a candidate needs clearly fewer samples than B0 (`fewer_samples`), eta0 looks
+    under-tuned at B0: what to run to check (B0 at eta0 x sqrt(B/B0) of that candidate)."""
+    ahead = [e for e in fam if e is not ref and e["verdict"] == "fewer_samples"]
+    if not ahead or not ref.get("lr") or not ref.get("sequences_per_step"):
         return None
-    names = ", ".join(f"B={e['sequences_per_step']}" for e in pending)
-    seeds = max(3, ref["seeds"] + 1)
-    return (f"run seeds of {names} and of the reference until each has at least {seeds} "
-            f"(e.g. rlbatch profile --seeds {seeds}), then analyze again")
+    e = min(ahead, key=lambda e: e["sequences_per_step"] or 0)
+    factor = math.sqrt(e["sequences_per_step"] / ref["sequences_per_step"])
+    return {"config": e["config"], "sequences_per_step": e["sequences_per_step"],
+            "samples_ratio_ci": (e.get("vs_reference") or {}).get("samples_ratio_ci"),
+            "lr_to_try_at_reference": ref["lr"] * factor,
+            "note": (f"B={e['sequences_per_step']} needs fewer samples than B0 beyond the "
+                     f"margin: eta0 looks under-tuned at B0; run B0 at eta0 x "
+                     f"{factor:.3g} = {ref['lr'] * factor:.3g} as a new baseline")}
+
+
+def seed_plan(pending: list[dict], ref: dict, alpha: float = DEFAULT_ALPHA) -> list[dict]:
+    """Per open candidate: seeds per side that resolve its observed T ratio at 80% power
+    (one-sided at `alpha`), and the smallest T advantage its current seeds can resolve."""
+    out = []
+    for e in pending:
+        vs = e.get("vs_reference") or {}
+        sd, df, se = vs.get("run_sd_log_time"), vs.get("df") or 0, vs.get("time_ratio_se")
+        ratio = vs.get("time_ratio")
+        effect = math.log(ratio) if ratio else None
+        need = seedstats.seeds_for(sd, df, effect, POWER, alpha) if effect else None
+        detect = seedstats.detectable_log_ratio(se, df, POWER, alpha)
+        out.append({"config": e["config"], "sequences_per_step": e["sequences_per_step"],
+                    "seeds": [e["seeds"], ref["seeds"]], "time_ratio": ratio,
+                    "seeds_per_side_needed": need,
+                    "detectable_time_ratio": None if detect is None
+                    else finite_or_none(math.exp(-detect))})
+    return out
+
+
+def next_step(plan: list[dict], ref: dict) -> str | None:
+    """What to run to settle the open candidates (None when nothing is open)."""
+    if not plan:
+        return None
+    parts = []
+    for p in plan:
+        need = p["seeds_per_side_needed"]
+        if need is None:
+            parts.append(f"B={p['sequences_per_step']}: at least "
+                         f"{max(MIN_SEEDS, ref['seeds'] + 1)} seeds of it and of the reference")
+        elif p["time_ratio"] is not None and p["time_ratio"] >= 1:
+            parts.append(f"B={p['sequences_per_step']}: not faster at its point estimate "
+                         f"(T ratio {p['time_ratio']:.2f}); more seeds would only confirm that")
+        else:
+            parts.append(f"B={p['sequences_per_step']}: {need} seeds per side resolve its T "
+                         f"ratio {p['time_ratio']:.2f} at 80% power")
+    seeds = max((p["seeds_per_side_needed"] or 0 for p in plan), default=0)
+    seeds = max(seeds, MIN_SEEDS, ref["seeds"] + (0 if seeds else 1))
+    return "; ".join(parts) + f" (e.g. rlbatch profile --seeds {seeds}), then analyze again"
 
 
 def control_versus_twin(control: dict, twin: dict, comparison: dict) -> dict:

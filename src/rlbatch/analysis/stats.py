@@ -1,37 +1,28 @@
-"""Seed-bootstrap statistics per configuration, with censored runs.
+"""Per-configuration statistics across seeds: N*, q and T with intervals, and the ratios
+of a candidate to the reference (docs/analysis.md).
 
-T is the decision rule's T = N*/q: the median N* across seeds over the median q, where a
-run's q is measured over the same span as its N* (samples to target / training seconds to
-target). So the T ratio of two configurations is their N* ratio over their q ratio, in the
-point estimate and in every bootstrap resample.
+Estimates and intervals come from the pooled log-normal model of seedstats.py, fitted to
+the configurations of one algorithm together: N*, q and T are geometric means across seeds
+(the median of a log-normal), a run that did not reach the target entering N* and T as
+censored at its last samples and seconds. A run's q is measured over the same span as its
+N* (samples to target / training seconds to target), so per run log T = log N* - log q and
+the T ratio is the N* ratio over the q ratio. Intervals are two-sided at `ci` (default
+0.90: each end is a one-sided 95% bound, as a TOST equivalence test at the 5% level uses).
 
-The unit of resampling is the run (seed): each configuration draws its own `n_boot` x n
-index matrix from a numpy Generator seeded by (seed, crc32(config id)), so results do not
-depend on which other configurations are analysed, and N*, T and q of one configuration are
-resampled together (paired). Configurations are resampled independently of each other.
-
-Intervals are percentile intervals at `ci` (default 0.90, two-sided: the 5th and 95th
-percentiles, the interval a TOST equivalence test at the 5% level uses), taken with
-numpy's "inverted_cdf" method so each end is an actual bootstrap value (never an average of
-a finite value and infinity).
-
-Censoring: a run that did not reach the target has N* in (last_samples, inf). Every
-statistic is computed twice, with censored values at their lower bound and at +inf; an
-interval takes its lower end from the first and its upper end from the second (so censoring
-only ever widens it; without censoring both coincide). The median is null when it involves a
-censored run, i.e. when more than half of the runs are censored (odd n) or at least half
-(even n, where the median averages the two middle runs); its lower bound is then reported.
-No torch import.
+The bootstrap helpers below serve the pointwise bands of the invariance curves
+(invariance.py); the descriptive `samples_to_target_median` follows the censored-median
+rule of `median_summary`. No torch import.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from rlbatch.analysis import seedstats
 
 DEFAULT_CI = 0.90
 DEFAULT_BOOT = 2000
@@ -82,55 +73,6 @@ def interval(lo_dist: np.ndarray, hi_dist: np.ndarray, ci: float) -> list:
     return [finite_or_none(x) for x in raw_interval(lo_dist, hi_dist, ci)]
 
 
-def _nanmedian_rows(x: np.ndarray) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN resample -> NaN, on purpose
-        return np.nanmedian(x, axis=1)
-
-
-@dataclass(frozen=True)
-class ConfigBoot:
-    """Bootstrap distributions (length n_boot) of one configuration across seeds: median N*
-    with censored runs at their lower bound (`nstar_lo`) and at +inf (`nstar_hi`), median q
-    over the span to the target (`q`), and T = median N* / median q (`time_lo`, `time_hi`)."""
-
-    config: str
-    n: int
-    nstar_lo: np.ndarray
-    nstar_hi: np.ndarray
-    q: np.ndarray
-
-    @property
-    def time_lo(self) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return self.nstar_lo / self.q
-
-    @property
-    def time_hi(self) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return self.nstar_hi / self.q
-
-
-def _q(runs: list[dict]) -> np.ndarray:
-    """Per run q over the span to the target (whole-run q for a censored run); NaN if unknown."""
-    return np.asarray([np.nan if r.get("throughput_to_target") is None
-                       else r["throughput_to_target"] for r in runs], dtype=np.float64)
-
-
-def config_boot(config: str, runs: list[dict], n_boot: int, seed: int) -> ConfigBoot:
-    """Resample the runs (dicts from crossing.run_result) of one configuration; N* and q of a
-    run are drawn together (paired)."""
-    n_lo, n_hi = censored_bounds([r["samples_to_target"] for r in runs],
-                                 [r["censored"] for r in runs],
-                                 [r["last_samples"] for r in runs])
-    idx = boot_indices(len(runs), n_boot, seed, config)
-    return ConfigBoot(
-        config=config, n=len(runs),
-        nstar_lo=np.median(n_lo[idx], axis=1), nstar_hi=np.median(n_hi[idx], axis=1),
-        q=_nanmedian_rows(_q(runs)[idx]),
-    )
-
-
 def median_summary(values, censored, lower) -> dict:
     """Point median across runs (None when it involves a censored run) and its lower bound."""
     lo, hi = censored_bounds(values, censored, lower)
@@ -141,66 +83,118 @@ def _div(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else finite_or_none(a / b)
 
 
-def config_stats(runs: list[dict], boot: ConfigBoot, ci: float) -> dict:
-    """Medians across seeds and their bootstrap intervals for N*, q and T = N*/q of one
-    configuration. `time_to_target` is the decision rule's T (median N* / median q, q over
-    the span to the target), so comparing T is the same as comparing q ratio with N* ratio;
-    `time_to_target_measured` is the median of the runs' interpolated training seconds."""
+
+@dataclass(frozen=True)
+class SweepFit:
+    """Pooled fits (seedstats.PooledFit) of log N*, log q and log T of the configurations
+    analysed together."""
+
+    nstar: seedstats.PooledFit
+    q: seedstats.PooledFit
+    time: seedstats.PooledFit
+
+
+def _value(r: dict, key: str, bound: str) -> tuple[float, bool]:
+    """(value, censored) of one run: the measured value, or for a run that did not reach
+    the target its bound (last samples or seconds), censored."""
+    if r["censored"] or r.get(key) is None:
+        b = r.get(bound)
+        return (math.nan if b is None else float(b)), True
+    return float(r[key]), False
+
+
+def run_samples(runs: list[dict]) -> tuple[seedstats.Sample, seedstats.Sample,
+                                            seedstats.Sample]:
+    """N*, q (over the span to the target) and T of one configuration's runs."""
+    def sample(key, bound):
+        pairs = [_value(r, key, bound) for r in runs]
+        return seedstats.Sample(np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
+    q = np.array([math.nan if r.get("throughput_to_target") is None
+                  else float(r["throughput_to_target"]) for r in runs])
+    return (sample("samples_to_target", "last_samples"),
+            seedstats.Sample(q, np.zeros(len(runs), dtype=bool)),
+            sample("time_to_target", "last_train_s"))
+
+
+def fit_sweep(groups: list[dict]) -> SweepFit:
+    """One pooled fit of the configurations `groups` (each {"config", "runs"})."""
+    parts = {g["config"]: run_samples(g["runs"]) for g in groups}
+    return SweepFit(*(seedstats.fit_pooled({c: p[i] for c, p in parts.items()})
+                      for i in range(3)))
+
+
+def fit_by_algorithm(groups: list[dict]) -> dict[str, SweepFit]:
+    """Config id -> the pooled fit of its algorithm's configurations (GRPO and PPO runs have
+    noise of their own, so they do not share a variance)."""
+    pools: dict = {}
+    for g in groups:
+        pools.setdefault(g.get("algorithm"), []).append(g)
+    out = {}
+    for members in pools.values():
+        fit = fit_sweep(members)
+        out.update({g["config"]: fit for g in members})
+    return out
+
+
+def _estimate(fit: seedstats.PooledFit, c: str) -> tuple[float | None, float | None]:
+    """(exp(m), exp(m with censored runs at their bounds)) of configuration c."""
+    if c not in fit.at_bounds:
+        return None, None
+    m = fit.m[c]
+    return (None if m is None else finite_or_none(math.exp(m)),
+            finite_or_none(math.exp(fit.at_bounds[c])))
+
+
+def config_stats(config: str, runs: list[dict], fit: SweepFit, ci: float) -> dict:
+    """N*, q and T of one configuration (geometric means across seeds, the model's median)
+    with intervals at `ci`; `time_to_target_measured` is the median of the runs' training
+    seconds to the target and `samples_to_target_median` the median N* (None when it
+    involves a censored run)."""
     cens = [r["censored"] for r in runs]
-    nstar = median_summary([r["samples_to_target"] for r in runs], cens,
-                           [r["last_samples"] for r in runs])
-    q = _q(runs)
-    q_med = float(np.nanmedian(q)) if np.isfinite(q).any() else None
+    nstar, n_lower = _estimate(fit.nstar, config)
+    q, _ = _estimate(fit.q, config)
+    time, t_lower = _estimate(fit.time, config)
+    median = median_summary([r["samples_to_target"] for r in runs], cens,
+                            [r["last_samples"] for r in runs])
     measured = median_summary([r["time_to_target"] for r in runs],
                               [c or r["time_to_target"] is None for c, r in zip(cens, runs)],
                               [r["last_train_s"] for r in runs])
+    if config not in fit.nstar.at_bounds:  # no positive N* (the target met at 0 samples)
+        nstar, n_lower = median["median"], median["lower_bound"]
+    if config not in fit.time.at_bounds:
+        time, t_lower = measured["median"], measured["lower_bound"]
     return {
-        "samples_to_target": nstar["median"],
-        "samples_to_target_lower_bound": nstar["lower_bound"],
-        "samples_to_target_ci": interval(boot.nstar_lo, boot.nstar_hi, ci),
-        "throughput": q_med,
-        "throughput_ci": interval(boot.q, boot.q, ci) if q_med is not None else [None, None],
-        "time_to_target": _div(nstar["median"], q_med),
-        "time_to_target_lower_bound": _div(nstar["lower_bound"], q_med),
-        "time_to_target_ci": interval(boot.time_lo, boot.time_hi, ci),
+        "samples_to_target": nstar,
+        "samples_to_target_lower_bound": n_lower,
+        "samples_to_target_ci": seedstats.config_interval(fit.nstar, config, ci),
+        "samples_to_target_median": median["median"],
+        "throughput": q,
+        "throughput_ci": seedstats.config_interval(fit.q, config, ci),
+        "time_to_target": time,
+        "time_to_target_lower_bound": t_lower,
+        "time_to_target_ci": seedstats.config_interval(fit.time, config, ci),
         "time_to_target_measured": measured["median"],
         "censored_runs": int(sum(cens)),
     }
 
 
-def _log_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(num / den)  # inf/x -> +inf, x/inf -> 0 -> -inf, 0/0 -> NaN
-
-
-def log_ratio_bounds(cand: ConfigBoot, ref: ConfigBoot) -> tuple[np.ndarray, np.ndarray]:
-    """Bootstrap distributions bounding log(N*_cand / N*_ref): lower uses the candidate's
-    lower bounds over the reference's upper ones, upper the reverse (censoring widens)."""
-    return _log_ratio(cand.nstar_lo, ref.nstar_hi), _log_ratio(cand.nstar_hi, ref.nstar_lo)
-
-
-def _ratio_ci(lo: np.ndarray, hi: np.ndarray, ci: float) -> list:
-    a, b = raw_interval(lo, hi, ci)
-    return [finite_or_none(math.exp(x)) if not math.isnan(x) else None for x in (a, b)]
-
-
-def compare(cand: ConfigBoot, base: ConfigBoot, ci: float) -> dict:
+def compare(fit: SweepFit, cand: str, base: str, ci: float) -> dict:
     """Candidate vs baseline, each ratio cand/base with its interval at `ci`: N* ratio (also
-    as a log, for the invariance verdict), q ratio and T ratio (T = N*/q, so the T ratio is
-    the N* ratio over the q ratio in every resample). `p_faster` is the share of resamples in
-    which the candidate's T is lower, counting a censored candidate run at +inf and a
-    censored baseline run at its lower bound (conservative for the candidate)."""
-    lo, hi = log_ratio_bounds(cand, base)
-    log_lo, log_hi = raw_interval(lo, hi, ci)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q_ratio = cand.q / base.q
-    t_lo, t_hi = _log_ratio(cand.time_lo, base.time_hi), _log_ratio(cand.time_hi, base.time_lo)
+    as a log, for the verdicts), q ratio and T ratio; `p_faster`, the one-sided confidence
+    that the candidate's T is lower (seedstats.contrast); `time_ratio_se` and `df`, what the
+    T comparison rests on (for the seed planning of selection.next_step)."""
+    n = seedstats.contrast(fit.nstar, cand, base, ci)
+    q = seedstats.contrast(fit.q, cand, base, ci)
+    t = seedstats.contrast(fit.time, cand, base, ci)
+    se_c, se_b = fit.time.se(cand), fit.time.se(base)
     return {
-        "log_samples_ratio_raw": (log_lo, log_hi),
-        "log_samples_ratio_ci": [finite_or_none(log_lo), finite_or_none(log_hi)],
-        "samples_ratio_ci": [finite_or_none(math.exp(x)) if not math.isnan(x) else None
-                             for x in (log_lo, log_hi)],
-        "throughput_ratio_ci": interval(q_ratio, q_ratio, ci),
-        "time_ratio_ci": _ratio_ci(t_lo, t_hi, ci),
-        "p_faster": float(np.mean(cand.time_hi < base.time_lo)),
+        "log_samples_ratio_raw": n["log_ci"],
+        "log_samples_ratio_ci": [finite_or_none(x) for x in n["log_ci"]],
+        "samples_ratio_ci": n["ci"],
+        "throughput_ratio_ci": q["ci"],
+        "time_ratio_ci": t["ci"],
+        "p_faster": t["p_below"],
+        "time_ratio_se": None if se_c is None or se_b is None else math.hypot(se_c, se_b),
+        "run_sd_log_time": fit.time.s,
+        "df": fit.time.df,
     }

@@ -3,31 +3,24 @@ recommended configuration with its measured and predicted saving, and the config
 run tables. Pure: the analysis document, the runs' configs and profile.json in, JSON-ready
 dicts out. No torch.
 
-Measured saving = 1 - T_rec / T_ref (medians). Its interval uses the analysis's own bootstrap
-draws (stats.config_boot, same seeds and resamples), censored runs widening it as in
-stats.compare. The predicted saving uses the McCandlish prediction (no interval).
+Measured saving = 1 - T_rec / T_ref. Its interval is the analysis's T-ratio interval
+(stats.compare), turned around. The predicted saving uses the McCandlish prediction (no
+interval).
 """
 
 from __future__ import annotations
 
 import os
 
-import numpy as np
-
-from rlbatch.analysis import stats
 from rlbatch.analysis.labels import _finite, _ratio, config_labels
 from rlbatch.analysis.runs import RunFrames
 
 
 def saving_interval(cand: dict, ref: dict, settings: dict) -> list:
-    """Interval of 1 - T_cand/T_ref from the analysis's bootstrap draws of both medians
-    (censored runs at their lower bound for one end, at +inf for the other); None = unbounded."""
-    n_boot, seed, ci = settings["bootstrap_resamples"], settings["bootstrap_seed"], settings["ci"]
-    a = stats.config_boot(cand["config"], cand["runs"], n_boot, seed)
-    b = stats.config_boot(ref["config"], ref["runs"], n_boot, seed)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lo, hi = stats.raw_interval(a.time_lo / b.time_hi, a.time_hi / b.time_lo, ci)
-    return [_finite(1.0 - hi), _finite(1.0 - lo)]
+    """Interval of 1 - T_cand/T_ref from the analysis's T-ratio interval of the candidate
+    (stats.compare); None = unbounded."""
+    lo, hi = ((cand.get("vs_reference") or {}).get("time_ratio_ci") or [None, None])
+    return [None if hi is None else _finite(1.0 - hi), None if lo is None else _finite(1.0 - lo)]
 
 
 def _concurrency(configs: dict | None, config: str) -> int | None:

@@ -22,7 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from rlbatch.core.timers import cuda_sync_or_none
-from rlbatch.rollout.engine import Rollouts, SamplingParams, pack_rollouts, sample_next
+from rlbatch.rollout.engine import (
+    Rollouts,
+    SamplingParams,
+    keyed_uniforms,
+    pack_rollouts,
+    sample_next,
+)
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 # Decode steps with fewer active sequences than this are counted apart (`decode_low_s`): the
@@ -149,8 +155,12 @@ class BuiltinEngine:
     # ---- scheduling ----
     @torch.inference_mode()
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, concurrency: int,
-                 generator: torch.Generator | None = None) -> Rollouts:
+                 generator: torch.Generator | None = None,
+                 keys: list[int] | None = None) -> Rollouts:
         device = self.core.embed_tokens.weight.device
+        # keyed sampling (engine.py): each sequence's uniforms, whatever its slot and batch
+        uniforms = None if keys is None or params.greedy else \
+            keyed_uniforms(keys, params.max_new_tokens)  # (N, max_new_tokens)
         dtype = self.core.embed_tokens.weight.dtype
         sync = cuda_sync_or_none(str(device)) or (lambda: None)
         n_total = len(prompt_ids)
@@ -185,7 +195,7 @@ class BuiltinEngine:
                 seqs = list(range(pending, pending + len(take)))
                 pending += len(take)
                 toks = self._prefill(take, seqs, prompt_ids, caches, cos_tab, sin_tab, params,
-                                     generator, responses, logps, device)
+                                     generator, responses, logps, device, uniforms)
                 next_tok[torch.tensor(take, device=device)] = toks
                 for s, q in zip(take, seqs):
                     slot_seq[s], slot_pos[s] = q, len(prompt_ids[q])
@@ -200,7 +210,7 @@ class BuiltinEngine:
             sync()
             t0 = time.perf_counter()
             self._decode_step(active, C, slot_pos, next_tok, caches, cos_tab, sin_tab,
-                              pos_all, params, generator, slot_seq, responses, logps)
+                              pos_all, params, generator, slot_seq, responses, logps, uniforms)
             for s in active:
                 slot_pos[s] += 1
             self._retire(active, slot_seq, params, responses, reasons)
@@ -215,7 +225,7 @@ class BuiltinEngine:
         return pack_rollouts(prompt_ids, responses, logps, reasons, self.pad_id, timing)
 
     def _decode_step(self, active, C, slot_pos, next_tok, caches, cos_tab, sin_tab, pos_all,
-                     params, generator, slot_seq, responses, logps) -> torch.Tensor:
+                     params, generator, slot_seq, responses, logps, uniforms) -> torch.Tensor:
         device = next_tok.device
         full = len(active) == C or len(active) >= PAD_MIN_SHARE * C
         padded = full and len(active) < C  # idle slots ride along at position 0
@@ -236,7 +246,9 @@ class BuiltinEngine:
                                caches, None, step=step)
         if padded:
             logits = logits[rows]
-        tok, lp = sample_next(logits, params, generator)
+        u = None if uniforms is None else uniforms[
+            [slot_seq[s] for s in active], [len(responses[slot_seq[s]]) for s in active]]
+        tok, lp = sample_next(logits, params, generator, u)
         if full and not padded:
             next_tok.copy_(tok)
         else:
@@ -247,7 +259,7 @@ class BuiltinEngine:
         return tok
 
     def _prefill(self, slots, seqs, prompt_ids, caches, cos_tab, sin_tab, params, generator,
-                 responses, logps, device) -> torch.Tensor:
+                 responses, logps, device, uniforms) -> torch.Tensor:
         """Run new prompts (right-padded) into their slots; sample each one's first token."""
         lens = [len(prompt_ids[q]) for q in seqs]
         n, L = len(seqs), max(lens)
@@ -258,7 +270,8 @@ class BuiltinEngine:
         last = torch.tensor(lens, device=device) - 1
         logits = self._forward(ids, cos_tab[None, :L].expand(n, L, -1),
                                sin_tab[None, :L].expand(n, L, -1), caches, last, rows=rows)
-        tok, lp = sample_next(logits, params, generator)
+        tok, lp = sample_next(logits, params, generator,
+                              None if uniforms is None else uniforms[seqs, 0])
         for q, t, l in zip(seqs, tok.tolist(), lp.tolist()):
             responses[q].append(t)
             logps[q].append(l)

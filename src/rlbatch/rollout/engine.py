@@ -7,6 +7,12 @@ reasons and timing. The sampling policy's log-probability is that of the tempera
 distribution `log_softmax(logits / T)`; top-p truncation is not folded into it (as in verl and
 OpenRLHF), so the trainer's teacher-forced forward at the same T reproduces it. Greedy
 decoding reports `log_softmax(logits)`.
+
+Keyed sampling (`keys`, one integer per sequence; docs/design.md, "Knobs that must not change
+learning"): the t-th token of sequence q is drawn by inverse-CDF sampling from the uniform
+U[q, t] of a stream seeded by keys[q] alone, so which other sequences share its batch, and
+so `concurrency`, change no response (up to float ties at a CDF boundary). The trainer keys
+each response by (seed, prompt index in the stream, sample index): `response_keys`.
 """
 
 from __future__ import annotations
@@ -66,19 +72,68 @@ def on_device(generator: torch.Generator | None, device: torch.device) -> torch.
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def response_keys(seed: int, stream: int, first_prompt: int, prompts: int,
+                  group: int) -> list[int]:
+    """One key per response, prompt-major (G consecutive responses per prompt): a 63-bit
+    mix of (seed, stream, the prompt's index first_prompt + i, the sample's index j).
+    `stream` separates training rollouts (0) from evaluation (1)."""
+    return [_mix(seed, stream, first_prompt + i, j) for i in range(prompts) for j in range(group)]
+
+
+def _mix(*parts: int) -> int:
+    """splitmix64 folded over the parts (Steele et al. 2014), to 63 bits."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (int(p) & _M64)) * 0xBF58476D1CE4E5B9 & _M64
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _M64
+        x ^= x >> 31
+    return x >> 1
+
+
+_M64 = (1 << 64) - 1
+
+
+def keyed_uniforms(keys: list[int], length: int) -> torch.Tensor:
+    """(len(keys), length) float64 uniforms in [0, 1): row q from a generator seeded by
+    keys[q] only."""
+    out = torch.empty(len(keys), length, dtype=torch.float64)
+    gen = torch.Generator()
+    for q, k in enumerate(keys):
+        gen.manual_seed(k)
+        out[q] = torch.rand(length, generator=gen, dtype=torch.float64)
+    return out
+
+
+def _inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index drawn from each row of unnormalised probabilities p (n, V) at uniforms u (n,)."""
+    cdf = p.double().cumsum(dim=-1)  # (n, V)
+    pick = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)
+    return pick.squeeze(1).clamp_(max=p.shape[-1] - 1)
+
+
 def sample_next(logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick next tokens from (n, V) logits; return (tokens (n,), logprobs (n,)).
+                generator: torch.Generator | None,
+                u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick next tokens from (n, V) logits; return (tokens (n,), logprobs (n,)). With `u`
+    (n,) the draw is keyed: inverse-CDF sampling at those uniforms, no generator drawn.
 
     The log-probability is taken under log_softmax(logits / T) (module docstring).
     """
     logits = logits.float()
-    generator = on_device(generator, logits.device)
     if params.greedy:
         logp = torch.log_softmax(logits, dim=-1)  # (n, V)
         tok = logits.argmax(dim=-1)
         return tok, logp.gather(1, tok[:, None]).squeeze(1)
     logp = torch.log_softmax(logits / params.temperature, dim=-1)  # (n, V)
+    if u is not None:
+        if params.top_p < 1.0:
+            sorted_p, idx = logp.exp().sort(dim=-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < params.top_p  # always keeps the top token
+            tok = idx.gather(1, _inverse_cdf(sorted_p * keep, u)[:, None]).squeeze(1)
+        else:
+            tok = _inverse_cdf(logp.exp(), u)
+        return tok, logp.gather(1, tok[:, None]).squeeze(1)
+    generator = on_device(generator, logits.device)
     if params.top_p < 1.0:
         sorted_p, idx = logp.exp().sort(dim=-1, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < params.top_p  # always keeps the top token

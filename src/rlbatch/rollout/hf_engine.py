@@ -26,7 +26,10 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, concurrency: int,
-                 generator: torch.Generator | None = None) -> Rollouts:
+                 generator: torch.Generator | None = None,
+                 keys: list[int] | None = None) -> Rollouts:
+        """`keys` are accepted and not used: `transformers` generate draws from the global
+        RNG, so its samples depend on the batching (a reference engine, not for studies)."""
         device = next(self.model.parameters()).device
         sync = cuda_sync_or_none(str(device)) or (lambda: None)
         responses, logps, reasons = [], [], []

@@ -209,10 +209,13 @@ class VLLMEngine:
         return self.processed_logprobs and (params.greedy or params.top_p >= 1.0)
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, concurrency: int,
-                 generator: torch.Generator | None = None) -> Rollouts:
+                 generator: torch.Generator | None = None,
+                 keys: list[int] | None = None) -> Rollouts:
         c = max(1, min(concurrency, len(prompt_ids)))
         llm = self._ensure_llm(c)
-        seeds = torch.randint(0, 2 ** 31 - 1, (len(prompt_ids),), generator=generator).tolist()
+        # one seed per request (vLLM seeds each request's sampler): keyed when keys are given
+        seeds = [k % (2 ** 31 - 1) for k in keys] if keys is not None else \
+            torch.randint(0, 2 ** 31 - 1, (len(prompt_ids),), generator=generator).tolist()
         sampling = [self._sampling_params(params, s) for s in seeds]
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
         torch.cuda.synchronize()

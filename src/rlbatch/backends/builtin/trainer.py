@@ -56,7 +56,7 @@ from rlbatch.backends.builtin.update import actor_update, critic_update
 from rlbatch.core.config import Config
 from rlbatch.core.timers import PhaseTimer, cuda_sync_or_none
 from rlbatch.rollout.datasets import build_task
-from rlbatch.rollout.engine import SamplingParams
+from rlbatch.rollout.engine import SamplingParams, response_keys
 from rlbatch.rollout.models import (
     encode_prompt,
     load_model_and_tokenizer,
@@ -177,8 +177,9 @@ class Trainer:
         with timer.phase("rollout"):
             examples = [next(self.stream) for _ in range(P)]
             prompt_ids = [self._ids(e) for e in examples for _ in range(G)]
+            keys = response_keys(cfg.seed, 0, st.c.consumed, P, G)  # C changes no response
             ro = self.engine.generate(prompt_ids, self._sampling(), cfg.rollout.generation_concurrency,
-                                      generator=self.gen)
+                                      generator=self.gen, keys=keys)
             if cfg.rollout.simulated_latency_s:
                 time.sleep(cfg.rollout.simulated_latency_s)
         with timer.phase("reward"):
@@ -352,9 +353,10 @@ class Trainer:
         prompt_ids = [self._ids(e) for e in examples for _ in range(k)]
         params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, greedy=k == 1,
                                 temperature=ev.temperature)
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + st.c.step)
+        # the same draws at every evaluation of a run: its curve moves only with the policy
+        keys = response_keys(cfg.seed, 1, 0, len(examples), k)
         ro = self.engine.generate(prompt_ids, params, cfg.rollout.generation_concurrency,
-                                  generator=gen)
+                                  keys=keys)
         rewards, unscorable, scored = self._score(ro, [e for e in examples for _ in range(k)], 0,
                                                   k, "eval")
         ok = ~torch.tensor(scored.faulted, dtype=torch.bool)

@@ -1,0 +1,206 @@
+"""Measured coverage of every interval `rlbatch analyze` prints, and the error rates of its
+decision, by simulation with a known truth (docs/analysis.md, "Intervals across seeds").
+
+Each replicate draws runs of two configurations (reference and candidate): N* log-normal
+with the given coefficient of variation, q log-normal (CV 0.05), T = N*/q per run; a run
+whose N* passes the budget is censored there (its last samples; its seconds = budget / q).
+The budget sits at the reference's (1 - censoring) quantile of N*. The replicates go
+through the analysis's own code (analyze.judge, selection.recommend), so what is measured
+is what the CLI prints.
+
+  python bench/coverage.py              # the tables of docs/analysis.md
+  python bench/coverage.py --reps 400   # quicker
+
+Prints three tables and, last, one JSON line with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from rlbatch.analysis import selection
+from rlbatch.analysis.analyze import judge
+from rlbatch.analysis.invariance import DEFAULT_MARGIN
+
+Q_CV = 0.05
+CI = 0.90
+
+
+def sigma(cv: float) -> float:
+    return math.sqrt(math.log(1.0 + cv * cv))
+
+
+def draw_runs(rng, n: int, nstar: float, q: float, cv: float, budget: float) -> list[dict]:
+    """n runs of one configuration (records as crossing.run_result gives them)."""
+    ns = nstar * np.exp(rng.normal(0.0, sigma(cv), n))
+    qs = q * np.exp(rng.normal(0.0, sigma(Q_CV), n))
+    runs = []
+    for i, (a, b) in enumerate(zip(ns, qs)):
+        cens = bool(a > budget)
+        runs.append({"run": f"r{i}", "seed": i, "censored": cens, "too_easy": False,
+                     "stop_code": None,
+                     "samples_to_target": None if cens else float(a),
+                     "time_to_target": None if cens else float(a / b),
+                     "last_samples": float(budget) if cens else float(a),
+                     "last_train_s": float(budget / b) if cens else float(a / b),
+                     "throughput_to_target": float(b)})
+    return runs
+
+
+def group(name: str, b: int, runs: list[dict]) -> dict:
+    return {"config": name, "sequences_per_step": b, "minibatch_sequences": b,
+            "prompts_per_step": b // 8, "samples_per_prompt": 8, "lr": 1e-4 * math.sqrt(b / 128),
+            "lr_scaling": "sqrt", "algorithm": "grpo", "reference_sequences": 128, "runs": runs}
+
+
+def replicate(rng, n: int, cv: float, cens: float, n_ratio: float, q_ratio: float,
+              cand_cv: float | None = None, cand_n: int | None = None) -> dict:
+    """One analysis of reference (B0) vs candidate with true N* ratio and q ratio (the
+    candidate's CV and seed count default to the reference's)."""
+    nstar, q = 4000.0, 1000.0
+    budget = nstar * math.exp(sigma(cv) * _z(1.0 - cens)) if cens > 0 else math.inf
+    c_cv, c_n = cand_cv or cv, cand_n or n
+    groups = [group("ref", 128, draw_runs(rng, n, nstar, q, cv, budget)),
+              group("cand", 256, draw_runs(rng, c_n, nstar * n_ratio, q * q_ratio, c_cv,
+                                           budget))]
+    entries, _, _ = judge(groups, "ref", DEFAULT_MARGIN, CI)
+    rec = selection.recommend(entries, "ref")
+    return {"entries": {e["config"]: e for e in entries}, "rec": rec,
+            "truth": {"ref": (nstar, q, nstar / q),
+                      "cand": (nstar * n_ratio, q * q_ratio, nstar * n_ratio / (q * q_ratio))}}
+
+
+def _z(p: float) -> float:
+    from scipy.stats import norm
+    return float(norm.ppf(p))
+
+
+def _covers(ci, truth) -> bool | None:
+    lo, hi = ci
+    if lo is None and hi is None:
+        return None
+    return (lo is None or lo <= truth) and (hi is None or truth <= hi)
+
+
+KEYS = (("N*", "samples_to_target_ci", 0), ("q", "throughput_ci", 1),
+        ("T", "time_to_target_ci", 2))
+RATIOS = (("N* ratio", "samples_ratio_ci", 0), ("q ratio", "throughput_ratio_ci", 1),
+          ("T ratio", "time_ratio_ci", 2))
+
+
+def coverage_cell(rng, n, cv, cens, reps, cand_cv=None, cand_n=None) -> dict:
+    """Coverage of each printed interval when the candidate equals the reference in N* and
+    has 1.25x its q (so the T ratio is 0.8). The per-configuration intervals are the
+    candidate's (its CV and seed count may differ from the reference's)."""
+    hits = {k: [] for k, _, _ in KEYS + RATIOS}
+    printed = {k: 0 for k in hits}
+    for _ in range(reps):
+        r = replicate(rng, n, cv, cens, 1.0, 1.25, cand_cv, cand_n)
+        cand = r["entries"]["cand"]
+        for name, key, i in KEYS:
+            c = _covers(cand[key], r["truth"]["cand"][i])
+            if c is not None:
+                hits[name].append(c)
+                printed[name] += 1
+        vs = cand["vs_reference"]
+        for name, key, i in RATIOS:
+            c = _covers(vs[key], r["truth"]["cand"][i] / r["truth"]["ref"][i])
+            if c is not None:
+                hits[name].append(c)
+                printed[name] += 1
+    return {k: (float(np.mean(v)) if v else None) for k, v in hits.items()} | {
+        "printed_share": {k: printed[k] / reps for k in printed}}
+
+
+def decision_cell(rng, n, cv, cens, n_ratio, q_ratio, reps) -> dict:
+    """How often the analysis excludes 1 from each ratio interval, calls the candidate
+    departed, recommends it, and how P(faster) is spread."""
+    excl = {k: 0 for k, _, _ in RATIOS}
+    departed = recommended = excl_any = 0
+    p95 = p90 = 0
+    for _ in range(reps):
+        r = replicate(rng, n, cv, cens, n_ratio, q_ratio)
+        cand = r["entries"]["cand"]
+        vs = cand["vs_reference"]
+        any_excl = False
+        for name, key, _ in RATIOS:
+            lo, hi = vs[key]
+            out = (lo is not None and lo > 1.0) or (hi is not None and hi < 1.0)
+            excl[name] += out
+            any_excl |= out and name != "q ratio"
+        excl_any += any_excl or cand["verdict"] == "departed"
+        departed += cand["verdict"] == "departed"
+        recommended += r["rec"] is not None and r["rec"]["config"] == "cand"
+        p = vs["p_faster"]
+        p95 += p is not None and p >= 0.95
+        p90 += p is not None and p >= 0.90
+    return {**{f"excludes_1/{k}": v / reps for k, v in excl.items()},
+            "departed": departed / reps, "N* or T interval excludes 1, or departed":
+            excl_any / reps, "recommended": recommended / reps,
+            "P(faster)>=0.95": p95 / reps, "P(faster)>=0.90": p90 / reps}
+
+
+def fmt(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=2000, help="replicates per cell")
+    ap.add_argument("--seed", type=int, default=2026)
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    t0 = time.perf_counter()
+    out: dict = {"reps": args.reps, "ci": CI, "q_cv": Q_CV, "coverage": [], "decisions": []}
+
+    print(f"Coverage of nominal {CI:.0%} intervals ({args.reps} replicates per row; "
+          "candidate: same N*, 1.25x q)")
+    names = [k for k, _, _ in KEYS + RATIOS]
+    print("| CV | censored | n | " + " | ".join(names) + " |")
+    print("|---|---|---|" + "---|" * len(names))
+    for cv in (0.15, 0.3):
+        for cens in (0.0, 0.1, 0.2):
+            for n in (2, 3, 5, 10):
+                cell = coverage_cell(rng, n, cv, cens, args.reps)
+                out["coverage"].append({"cv": cv, "censored": cens, "n": n, **cell})
+                print(f"| {cv} | {cens:.0%} | {n} | "
+                      + " | ".join(fmt(cell[k]) for k in names) + " |", flush=True)
+    # outside the model: the candidate has half the reference's CV, or a single seed
+    for label, cv, n, c_cv, c_n in (("0.3 (ref), 0.15 (cand)", 0.3, 3, 0.15, None),
+                                    ("0.15 (ref), 0.3 (cand)", 0.15, 3, 0.3, None),
+                                    ("0.3, cand 1 seed", 0.3, 3, None, 1)):
+        cell = coverage_cell(rng, n, cv, 0.0, args.reps, c_cv, c_n)
+        out["coverage"].append({"cv": label, "censored": 0.0, "n": n, **cell})
+        print(f"| {label} | 0% | {n} | " + " | ".join(fmt(cell[k]) for k in names) + " |",
+              flush=True)
+
+    cases = [("A/A", 0.3, 2, 1.0, 1.0), ("A/A", 0.3, 3, 1.0, 1.0), ("A/A", 0.15, 2, 1.0, 1.0),
+             ("A/A", 0.15, 3, 1.0, 1.0), ("A/A, 20% censored", 0.3, 3, 1.0, 1.0),
+             ("same N*, 1.5x q", 0.15, 4, 1.0, 1.5), ("same N*, 1.5x q", 0.3, 4, 1.0, 1.5),
+             ("1.33x slower", 0.15, 4, 1.33, 1.0), ("1.33x slower", 0.3, 4, 1.33, 1.0),
+             ("1.4x the samples, 1.2x q", 0.3, 3, 1.4, 1.2)]
+    print(f"\nDecisions ({args.reps} replicates per row)")
+    cols = ["excludes_1/N* ratio", "excludes_1/q ratio", "excludes_1/T ratio",
+            "N* or T interval excludes 1, or departed", "departed", "recommended",
+            "P(faster)>=0.95", "P(faster)>=0.90"]
+    print("| case | CV | seeds per side | " + " | ".join(cols) + " |")
+    print("|---|---|---|" + "---|" * len(cols))
+    for name, cv, n, nr, qr in cases:
+        cens = 0.2 if "censored" in name else 0.0
+        cell = decision_cell(rng, n, cv, cens, nr, qr, args.reps)
+        out["decisions"].append({"case": name, "cv": cv, "n": n, **cell})
+        print(f"| {name} | {cv} | {n} | " + " | ".join(fmt(cell[c]) for c in cols) + " |",
+              flush=True)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
