@@ -84,7 +84,7 @@ def test_baseline_evidence_needs_ten_evaluations_before_n_star(tmp_path):
 
 def test_baseline_evidence_resolved_and_candidate_cadence(tmp_path):
     curve = [(i * 100, 0.3 + 0.01 * i) for i in range(31)]  # +0.15 at 1,500 samples
-    cfg, trials = baseline_trials(tmp_path, curve, seeds=(0, 1))
+    cfg, trials = baseline_trials(tmp_path, curve, seeds=(0, 1), **{"eval.every_samples": 512})
     ev = procedure._baseline_evidence(trials, cfg)
     assert ev["problem"] is None and ev["evaluations_before_target"] == 15
     assert ev["median_nstar"] == pytest.approx(1500.0)
@@ -316,3 +316,38 @@ def test_probe_budget_stops_the_confirmation_and_the_control_is_not_probed(tmp_p
     assert doc2["rounds"][-1]["plan"]["outcome"] in ("not_confirmed", "keep_baseline")
     assert doc2["decision"]["is_reference"] and "next" not in doc2["decision"]
     assert doc2["cost"]["total_s"] <= budget * 30.0
+
+
+def test_profile_decides_when_every_candidate_cannot_win_and_resumes_to_the_same(tmp_path):
+    """The case that crashed: an earlier attempt with another evaluation cadence left a fast
+    run in the same folder, every candidate of this attempt is stopped `cannot_win`, and
+    the fixed-LR control reaches the target. The decision is taken from this attempt's own
+    trials (the baseline is kept), and a re-run in the same folder gives the same decision
+    without starting a trial."""
+    out = tmp_path
+    cfg = quick("profile.prompts_per_step=[32]", "profile.concurrency=[]",
+                f"output_dir={out / 'runs'}")
+    stale = quick("profile.prompts_per_step=[32]", "eval.every_samples=256",
+                  f"output_dir={out / 'runs'}")
+    old = plan_trials(stale, out / "runs", 64, [0], kinds=("sqrt",))[0]
+    write_run(old.run_dir(), old.config.resolved_dict(),
+              [(0, 0.30), (256, 0.40), (512, 0.60)], q=1000.0)  # crossed at once, long ago
+    acc = lambda s: 0.30 + s / 20000  # crosses step 0 + 0.15 at 3,000 samples
+    base = [(s, s / 100, acc(s)) for s in range(0, 4097, 128)]  # T_base = 30 s
+    never = [(s, s / 50, 0.30) for s in range(0, 16385, 256)]  # no learning, half the q
+    ex = ResumingExecutor({"base-P16-s0": base, "base-P16-s1": base, "sqrt-P32-s0": never,
+                           "fixed-lr-P32-s0": [(s, s / 200, acc(s)) for s in
+                                               range(0, 3073, 256)]})  # ends at its crossing
+    doc = procedure.run_profile(cfg, out, ex, poll_s=0.0)
+    trials = {t["trial"]: t for t in doc["trials"]}
+    assert trials["sqrt-P32-s0"]["stop_code"] == "cannot_win"
+    assert trials["fixed-lr-P32-s0"]["status"] == "target_reached"
+    assert doc["problem"] is None and doc["decision"]["is_reference"]
+    assert doc["decision"]["evidence"] == "none_faster"
+    ran = {r["run"] for c in doc["analysis"]["configs"] for r in c["runs"]}
+    assert str(old.run_dir()) not in ran  # the earlier attempt's run is not in the decision
+    submitted = list(ex.submitted)
+    again = procedure.run_profile(cfg, out, ex, poll_s=0.0)
+    assert ex.submitted == submitted  # nothing started again
+    assert again["decision"]["config"] == doc["decision"]["config"]
+    assert again["decision"]["evidence"] == doc["decision"]["evidence"]

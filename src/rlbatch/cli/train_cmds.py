@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import signal
+import sys
+import time
 
 import typer
 from rich.console import Console
@@ -50,22 +55,21 @@ def train(
         trainer = TRLRun(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
     else:
         trainer = Trainer(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
-    state = {"eval": None}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed:,.0f}/{task.total:,.0f} samples"),
-                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=err,
-                  transient=False) as bar:
-        task = bar.add_task(cfg.name, total=cfg.budget.max_samples, info="")
+    with _progress(cfg) as show:
+        state: dict = {"eval": None, "row": None}
 
         def on_event(kind: str, row: dict) -> None:
-            if kind == "eval":
+            if kind == "eval":  # the evaluation of the step last reported: show it with it
                 state["eval"] = row.get(cfg.target.metric)
-                bar.update(task, completed=row["samples"])
-                return
+                if state["row"] is None or state["row"]["step"] != row["step"]:
+                    show(row["samples"], None)
+                    return
+                row = state["row"]
+            state["row"] = row
             ev = state["eval"]
-            info = (f"step {row['step']} reward {row['reward/mean']:.3f} "
-                    f"{cfg.target.metric} {ev if ev is None else round(ev, 3)} | {_split(row)}")
-            bar.update(task, completed=row["samples"], info=info)
+            show(row["samples"], f"step {row['step']} reward {row['reward/mean']:.3f} "
+                                 f"{cfg.target.metric} {'-' if ev is None else f'{ev:.3f}'}"
+                                 f" | {_split(row)}")
 
         trainer.cb = on_event
         summary = _run_terminable(trainer)
@@ -76,12 +80,52 @@ def train(
     t = summary["target"]
     crossing = (f"reached at {t['samples']:,} samples, {t['train_s']:.1f} s" if t["reached"]
                 else "not reached")
-    last = summary.get("last_eval") or {}
+    last = (summary.get("last_eval") or {}).get(t["metric"])
     print(f"run: {run_dir}\nstatus: {summary['status']}  steps: {summary['steps']}  "
           f"samples: {summary['samples']:,}  train_s: {summary['train_s']:.1f}  "
           f"throughput: {summary['throughput'] or 0:.0f} samples/s\n"
           f"target {t['metric']} >= {_threshold(t)}: {crossing}; last {t['metric']}: "
-          f"{last.get(t['metric'])}")
+          f"{'-' if last is None else f'{last:.4g}'}")
+
+
+@contextlib.contextmanager
+def _progress(cfg):
+    """A function show(samples, info) that reports progress: a live bar on a terminal, and
+    otherwise (stderr redirected to a file or a pipe) a plain line at most every
+    $RLBATCH_PROGRESS_EVERY_S seconds (default 10) with samples, rate and ETA, and a last one
+    when the run ends."""
+    total = cfg.budget.max_samples
+    if err.is_terminal:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      TextColumn("{task.completed:,.0f}/{task.total:,.0f} samples"),
+                      TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=err,
+                      transient=False) as bar:
+            task = bar.add_task(cfg.name, total=total, info="")
+            yield lambda samples, info: bar.update(
+                task, completed=samples, **({} if info is None else {"info": info}))
+        return
+    every = float(os.environ.get("RLBATCH_PROGRESS_EVERY_S", "10"))
+    t0 = time.monotonic()
+    last = {"at": -math.inf, "line": None}
+
+    def line(samples: int, info: str | None) -> str:
+        dt = time.monotonic() - t0
+        rate = samples / dt if dt > 0 else 0.0
+        eta = f"{(total - samples) / rate:,.0f} s" if rate > 0 else "?"
+        return (f"{cfg.name}: {samples:,}/{total:,} samples, {info or ''}, "
+                f"{rate:,.0f} samples/s, {dt:,.0f} s elapsed, {eta} to the budget")
+
+    def show(samples: int, info: str | None) -> None:
+        last["line"] = (samples, info if info is not None else (last["line"] or (0, ""))[1])
+        if time.monotonic() - last["at"] >= every:
+            last["at"] = time.monotonic()
+            print(line(*last["line"]), file=sys.stderr, flush=True)
+
+    try:
+        yield show
+    finally:
+        if last["line"] is not None:
+            print(line(*last["line"]), file=sys.stderr, flush=True)
 
 
 def _run_terminable(trainer) -> dict:

@@ -300,7 +300,7 @@ def _write(cfg: Config, out: Path, driver: Driver, decode: dict, decision: dict 
            problem: str | None, rounds: list[dict], preds: dict, base: Trial | None = None
            ) -> dict:
     trials = [_status(t) for t in driver.all]
-    result = _analyze(cfg, out, base) if base is not None else None
+    result = _analyze(cfg, out, base, driver.all) if base is not None else None
     cost = _cost(trials, decode, result)
     grid = _grid_cost(trials, preds, cost["baseline_time_to_target_s"])
     cost.update(grid_estimate_s=grid,

@@ -294,21 +294,24 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     stopper = ((lambda st: early_stop_reason(st, ev["median_time"], limit))
                if prof.early_stop else None)
     driver.run(cands, stopper)
-    result = _analyze(cfg, out, base[0])
+    result = _analyze(cfg, out, base[0], driver.all)
     chosen = challenger(result) if extra else None
-    if chosen is not None:
-        winner = next(t for t in cands if _config_id(result, t) == chosen)
+    winner = next((t for t in cands if _config_id(result, t) == chosen), None)
+    if winner is not None:
         confirm = [t for t in plan_trials(cfg, runs, c, extra, kinds=(winner.kind,),
                                           eval_every=every)
                    if t.prompts_per_step == winner.prompts_per_step]
         journal.log("confirming", challenger=chosen, trials=[t.name for t in confirm])
         driver.run(confirm, stopper)
-        result = _analyze(cfg, out, base[0])
+        result = _analyze(cfg, out, base[0], driver.all)
     return _finish(cfg, out, driver, decode, result, result.get("problem"))
 
 
-def _analyze(cfg: Config, out: Path, reference: Trial) -> dict:
-    return analyze([out / "runs"], _target(cfg), reference_run=str(reference.run_dir()),
+def _analyze(cfg: Config, out: Path, reference: Trial, trials: list[Trial]) -> dict:
+    """The analysis of this profile's own trials: runs that earlier attempts with other
+    settings left in the same folder are not part of its decision."""
+    dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()]
+    return analyze(dirs, _target(cfg), reference_run=str(reference.run_dir()),
                    margin=cfg.profile.margin)
 
 
@@ -350,8 +353,9 @@ def _cost(trials: list[dict], decode: dict, result: dict | None) -> dict:
     run's time to target (the baseline configuration's measured median)."""
     train = sum(_read_json(Path(t["run_dir"]) / "summary.json").get("train_s") or 0.0
                 for t in trials)
-    times = [t["target"].get("train_s") for t in trials
-             if t["kind"] == "baseline" and t["target"].get("reached")]
+    times = [t["target"]["train_s"] for t in trials
+             if t["kind"] == "baseline" and t["target"].get("reached")
+             and t["target"].get("train_s") is not None]
     base_t = statistics.median(times) if times else None
     total = train + (decode.get("seconds") or 0.0)
     return {"trial_train_s": train, "decode_sweep_s": decode.get("seconds") or 0.0,
