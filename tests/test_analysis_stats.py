@@ -329,3 +329,22 @@ def test_versus_baseline_rule():
     one = selection.versus_baseline({**cand, "seeds": 1}, base, cmp)  # a point, not a spread
     assert one["time_ratio"] == 0.75 and one["p_faster"] is None
     assert one["time_ratio_ci"] == one["samples_ratio_ci"] == [None, None]
+
+
+def test_seeds_for_power_is_the_smallest_that_resolves_the_effect():
+    from scipy.stats import t as student_t
+
+    from rlbatch.analysis import seedstats
+
+    sd, effect = 0.3, math.log(1 / 1.5)  # a 1.5x faster candidate at CV ~0.3
+    n = seedstats.seeds_for(sd, 0, effect)
+
+    def resolves(k):
+        df = 2 * k - 2
+        return abs(effect) / (sd * math.sqrt(2 / k)) >= \
+            student_t.ppf(0.95, df) + student_t.ppf(0.8, df)
+    assert n is not None and resolves(n) and not resolves(n - 1)
+    assert seedstats.seeds_for(sd, 0, math.log(0.999)) is None  # beyond 1,000 seeds
+    se = sd * math.sqrt(2 / 4)  # 4 seeds per side, df 6: the smallest resolved log ratio
+    assert seedstats.detectable_log_ratio(se, 6) == pytest.approx(
+        se * (student_t.ppf(0.95, 6) + student_t.ppf(0.8, 6)))

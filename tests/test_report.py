@@ -57,7 +57,7 @@ def test_profile_report_is_one_self_contained_file(profile_report):
     assert len(links) == 6 and all((out.parent / unquote(u)).is_dir() for u in links)
     assert "P = 32 prompts x G = 8 samples per prompt (B = 256)" in page
     assert "decode concurrency C = 64" in page
-    assert "Measured saving: 37.5% (90% bootstrap interval [37.5%, 37.5%])" in page
+    assert "Measured saving: 37.5% (90% interval [37.5%, 37.5%])" in page
     assert "Predicted saving (McCandlish model" in page
     assert "Profiling cost: 19 s" in page
 

@@ -21,8 +21,8 @@ Recommendation, from the reference's LR-scaling family only (the fixed-LR contro
 reported against its sqrt twin instead), as the method's step 3 reads: a candidate is
 rejected only when its sample efficiency is shown to be worse beyond the margin
 (`departed`), or it is `slower` or `too_easy`; among the rest, those whose T advantage is
-shown (P(faster) above 1 - alpha/m by Holm's step-down over the m candidates compared, alpha
-= (1 - ci) / 2 one-sided) are `shown faster`, and the lowest T among them wins; otherwise
+shown (P(faster) above 1 - alpha/m by Holm's step-down over the m candidates of the family,
+alpha = (1 - ci) / 2 one-sided) are `shown faster`, and the lowest T among them wins; otherwise
 the reference is kept. Alignment is a diagnostic. A candidate that needs clearly fewer
 samples than B0 says that eta0 looks under-tuned at B0 (`reference_lr_check`). `evidence`
 says which case holds, and `next` names what to run when the evidence is not enough, with
@@ -110,13 +110,15 @@ def eligible(e: dict) -> bool:
 
 def shown_faster(entries: list[dict], ref: dict, alpha: float = DEFAULT_ALPHA) -> list[dict]:
     """The family candidates whose T advantage holds by Holm's step-down at one-sided level
-    `alpha` over all eligible candidates (so the chance of recommending any configuration
-    that is not faster stays at most alpha)."""
-    pool = sorted((e for e in family(entries, ref) if e is not ref and eligible(e)),
+    `alpha` over every candidate of the family, the ones with a single seed included: a
+    profile confirms the luckiest of its screened candidates, and counting all of them keeps
+    the chance of recommending any configuration that is not faster at most alpha."""
+    cands = [e for e in family(entries, ref) if e is not ref]
+    pool = sorted((e for e in cands if eligible(e)),
                   key=lambda e: (1.0 - _p_faster(e), e["config"]))
     out = []
     for i, e in enumerate(pool):
-        if 1.0 - _p_faster(e) > alpha / (len(pool) - i):
+        if 1.0 - _p_faster(e) > alpha / (len(cands) - i):
             break
         out.append(e)
     return out
@@ -259,8 +261,13 @@ def next_step(plan: list[dict], ref: dict) -> str | None:
         return None
     parts = []
     for p in plan:
-        need = p["seeds_per_side_needed"]
-        if need is None:
+        need, ratio, detect = p["seeds_per_side_needed"], p["time_ratio"], \
+            p["detectable_time_ratio"]
+        if need is None and ratio is not None and detect is not None:
+            parts.append(f"B={p['sequences_per_step']}: its T ratio {ratio:.2f} is too close to 1 "
+                         "to resolve (more than 1,000 seeds per side); these seeds show only a "
+                         f"T ratio below {detect:.2f}")
+        elif need is None:
             parts.append(f"B={p['sequences_per_step']}: at least "
                          f"{max(MIN_SEEDS, ref['seeds'] + 1)} seeds of it and of the reference")
         elif p["time_ratio"] is not None and p["time_ratio"] >= 1:
@@ -269,8 +276,10 @@ def next_step(plan: list[dict], ref: dict) -> str | None:
         else:
             parts.append(f"B={p['sequences_per_step']}: {need} seeds per side resolve its T "
                          f"ratio {p['time_ratio']:.2f} at 80% power")
-    seeds = max((p["seeds_per_side_needed"] or 0 for p in plan), default=0)
-    seeds = max(seeds, MIN_SEEDS, ref["seeds"] + (0 if seeds else 1))
+    needs = [p["seeds_per_side_needed"] for p in plan if p["seeds_per_side_needed"]]
+    if not needs and all(p["detectable_time_ratio"] is not None for p in plan):
+        return "; ".join(parts) + ": keep the baseline unless a smaller effect matters"
+    seeds = max(max(needs, default=0), MIN_SEEDS, ref["seeds"] + (0 if needs else 1))
     return "; ".join(parts) + f" (e.g. rlbatch profile --seeds {seeds}), then analyze again"
 
 

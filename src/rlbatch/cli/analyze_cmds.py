@@ -48,7 +48,7 @@ def render_table(doc: dict) -> Table:
     """Rich table of the analysis document (renders only; every number comes from `doc`).
     Short configuration labels keep it readable at 80 columns; full ids are in --json."""
     labels = short_labels(doc["configs"])
-    table = Table(title=f"time to target {_target_text(doc['target'])}: medians across seeds "
+    table = Table(title=f"time to target {_target_text(doc['target'])}: geometric means across seeds "
                         f"[{doc['settings']['ci']:.0%} interval]")
     for col in ("config", "seeds", "N* samples", "T s", "q/s", "verdict"):
         left = col in ("config", "verdict")

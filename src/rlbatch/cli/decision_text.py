@@ -44,14 +44,18 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
     else:
         lines.append(f"decision: {where}: {num(rec['speedup_vs_reference'])}x faster than the "
                      f"baseline, across {rec['seeds']} seeds")
-    why = {"established": "an aligned candidate is faster across seeds",
-           "none_faster": "no candidate is faster than the baseline",
-           "not_enough": "the evidence is not enough to prefer a candidate"}[rec["evidence"]]
-    lines.append(f"evidence: {rec['evidence']} ({why}); medians across seeds, {ci} bootstrap "
+    alpha = rec.get("alpha", 0.05)
+    why = {"established": f"its time-to-target advantage is shown at one-sided {alpha:.0%}",
+           "none_faster": "no candidate can be faster than the baseline",
+           "not_enough": "no candidate's advantage is shown yet"}[rec["evidence"]]
+    lines.append(f"evidence: {rec['evidence']} ({why}); geometric means across seeds, {ci} "
                  "intervals, T = N*/q")
+    rejected = {r["config"]: r["why"] for r in rec.get("rejected") or []}
     for c in rec["compared"]:
         ce = entries[c["config"]]
         head = f"  {labels[c['config']]} ({c['seeds']} seeds, {c['verdict']})"
+        if c["config"] in rejected:
+            head += f" {rejected[c['config']]};"
         if ce.get("vs_reference"):
             lines.append(f"{head}: {ratios(ce['vs_reference'])}")
         else:
@@ -74,6 +78,14 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
                      f"{num(c['time_ratio'])}{interval(c['time_ratio_ci'])}"
                      + ("; faster than its twin across seeds: eta0 may be under-tuned"
                         if c["eta0_may_be_under_tuned"] else ""))
+    check = rec.get("reference_lr_check")
+    if check:
+        lines.append(f"note: {check['note']}")
+    for p in rec.get("plan") or []:
+        if p.get("detectable_time_ratio") is not None:
+            lines.append(f"  with {p['seeds'][0]} + {p['seeds'][1]} seeds, B="
+                         f"{p['sequences_per_step']} vs the baseline resolves a T ratio of "
+                         f"{num(p['detectable_time_ratio'])} or less (80% power)")
     if rec.get("next"):
         lines.append(f"next: {rec['next']}")
     return lines

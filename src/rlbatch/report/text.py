@@ -10,10 +10,10 @@ CAPTIONS = {
     "reference's curve (the thick line); the dashed line is the target.",
     "invariance_time": "The same curves against training seconds (evaluation and "
     "checkpointing excluded): the configuration that crosses the target first wins.",
-    "scaling": "Medians across seeds with their bootstrap intervals; a triangle marks a "
-    "censored median (the configuration's runs did not reach the target: '> bound').",
+    "scaling": "Geometric means across seeds with their intervals; a triangle marks a "
+    "censored estimate (the configuration's runs did not reach the target: '> bound').",
     "decision_rule": "T = N*/q: a candidate beats the reference only above the diagonal "
-    "(q ratio > N* ratio). Bars are bootstrap intervals.",
+    "(q ratio > N* ratio). Bars are the ratios' intervals across seeds.",
     "decode": "Generated tokens per second against decode concurrency C, with the plateau "
     "(smallest C within 5% of the best), the KV-memory limit and the roofline bound.",
     "phases": "Where the training time goes: seconds per 1,000 samples in each phase, summed "
@@ -84,9 +84,9 @@ def decision_lines(d: dict) -> list[str]:
              (f"Target: {t['metric']} {'>=' if t['direction'] == 'higher' else '<='} "
               + (f"{t['value']:g}." if t.get("value") is not None else
                  f"the step-0 evaluation + {t['gain']:g}."))]
-    why = {"established": "an aligned candidate is faster across seeds",
-           "none_faster": "no candidate is faster than the baseline",
-           "not_enough": "the evidence is not enough to prefer a candidate"}
+    why = {"established": "its time-to-target advantage is shown across seeds",
+           "none_faster": "no candidate can be faster than the baseline",
+           "not_enough": "no candidate's advantage is shown yet"}
     lines.append(f"Evidence: {d.get('evidence')} ({why.get(d.get('evidence'), '-')}); "
                  f"compared: {', '.join(d.get('compared') or []) or 'none with 2 seeds'}.")
     if d.get("next"):
@@ -100,7 +100,7 @@ def decision_lines(d: dict) -> list[str]:
                  f"{num(d['reference_time_to_target'])} s "
                  f"{interval(d['reference_time_to_target_ci'])} ({d['reference_label']}).")
     lines.append(f"Measured saving: {pct(d['measured_saving'])} "
-                 f"({level} bootstrap interval {interval(d['measured_saving_ci'], pct)}); "
+                 f"({level} interval {interval(d['measured_saving_ci'], pct)}); "
                  f"speed-up {num(d['speedup'])}x; P(faster) = {num(d['p_faster'])}.")
     if d["predicted_saving"] is not None:
         lines.append(f"Predicted saving (McCandlish model, B_noise = {num(d['b_noise'])} from "
@@ -111,8 +111,8 @@ def decision_lines(d: dict) -> list[str]:
 def summary_lines(data: dict) -> list[str]:
     ref, cb, s = data["reference"], data.get("critical_batch") or {}, data["settings"]
     lines = [f"Reference: {ref['config']} ({ref['why']}).",
-             (f"Target metric from {data['metric_source']}.jsonl; medians across seeds with "
-              f"{s['ci']:.0%} bootstrap intervals ({s['bootstrap_resamples']} resamples); "
+             (f"Target metric from {data['metric_source']}.jsonl; geometric means across seeds "
+              f"with {s['ci']:.0%} intervals (log-normal, variance pooled per algorithm); "
               f"equivalence margin x{s['margin_ratio']:.4g} on N*; smoothing: "
               f"{s['smoothing']}.")]
     if cb:
