@@ -348,3 +348,24 @@ def test_seeds_for_power_is_the_smallest_that_resolves_the_effect():
     se = sd * math.sqrt(2 / 4)  # 4 seeds per side, df 6: the smallest resolved log ratio
     assert seedstats.detectable_log_ratio(se, 6) == pytest.approx(
         se * (student_t.ppf(0.95, 6) + student_t.ppf(0.8, 6)))
+
+
+def test_a_candidate_that_never_crossed_is_never_shown_faster():
+    """Every run of the candidate stopped before the target: its ratio is bounded below
+    only, no P(faster) is claimed, and it cannot be recommended, however fast its q."""
+    ref = [run(1000.0, 10.0, q=100.0), run(1200.0, 12.0, q=100.0), run(1100.0, 11.0, q=100.0)]
+    cand = [run(None, last=400.0, last_t=0.4, q=1000.0) for _ in range(3)]
+    fit = _fit(r=ref, c=cand)
+    cmp = stats.compare(fit, "c", "r", 0.9)
+    assert cmp["p_faster"] is None and cmp["time_ratio_ci"][1] is None
+    entries = []
+    for name, runs in (("r", ref), ("c", cand)):
+        e = {"config": name, "sequences_per_step": 128 if name == "r" else 256, "lr": 1.0,
+             "seeds": 3, "algorithm": "grpo", "lr_scaling": "sqrt",
+             **stats.config_stats(name, runs, fit, 0.9)}
+        entries.append(e)
+    entries[0].update(verdict="reference", vs_reference=None)
+    entries[1].update(verdict="inconclusive", indication="inconclusive",
+                      vs_reference={**cmp, "time_ratio": None})
+    rec = selection.recommend(entries, "r")
+    assert rec["is_reference"] and rec["shown_faster"] == []

@@ -90,7 +90,13 @@ def test_killed_profile_resumes_without_rerunning_finished_trials(resumed):
         assert (Path(run_dir) / "steps.jsonl").read_text() == text
 
 
-def test_profile_picks_the_larger_batch_with_evidence_from_two_seeds(resumed):
+def test_profile_confirms_the_larger_batch_and_decides_on_two_seeds(resumed):
+    """The constructed winner is screened, confirmed and compared on two seeds each. Two
+    seeds resolve its advantage only when N* does not vary too much between them: under
+    ATEN_CPU_CAPABILITY=default one landing put the candidate's two seeds at 1,529 and 6,285
+    samples, and its T ratio interval [0.02, 1.55] reached 1. So the decision is either the
+    larger batch, shown faster, or the baseline kept with the larger batch open, faster at
+    its point estimate and with the seeds that would settle it named."""
     out, _ = resumed
     doc = json.loads((out / "profile.json").read_text())
     trials = {t["trial"]: t for t in doc["trials"]}
@@ -99,11 +105,22 @@ def test_profile_picks_the_larger_batch_with_evidence_from_two_seeds(resumed):
     assert trials["sqrt-P64-s0"]["lr"] == pytest.approx(1e-4 * 2.0)
     assert all(t["status"] == "target_reached" for t in trials.values())
     d = doc["decision"]
-    assert (d["sequences_per_step"], d["prompts_per_step"], d["generation_concurrency"]) == \
-        (512, 64, 64)
-    assert d["evidence"] == "established" and not d["is_reference"]
-    assert d["time_ratio_ci"][1] < 1.0 and d["p_faster_than_reference"] > 0.9
+    assert d["generation_concurrency"] == 64
     assert all(c["seeds"] >= 2 for c in d["compared"]) and len(d["compared"]) == 2
+    cand = next(c for c in doc["analysis"]["configs"] if c["sequences_per_step"] == 512)
+    vs = cand["vs_reference"]
+    assert vs["throughput_ratio"] > 2 and vs["time_ratio"] < 1  # the constructed advantage
+    if d["evidence"] == "established":
+        assert (d["sequences_per_step"], d["prompts_per_step"]) == (512, 64)
+        assert not d["is_reference"] and d["time_ratio_ci"][1] < 1.0
+        assert d["p_faster_than_reference"] >= 0.95
+    else:
+        assert d["evidence"] == "not_enough" and d["is_reference"]
+        assert vs["p_faster"] < 0.95 and vs["time_ratio_ci"][1] >= 1.0
+        assert [o["config"] for o in d["open"]] == [cand["config"]]
+        (plan,) = d["plan"]
+        assert plan["config"] == cand["config"] and plan["seeds"] == [2, 2]
+        assert plan["seeds_per_side_needed"] is None or plan["seeds_per_side_needed"] > 2
     cost = doc["cost"]
     assert cost["multiple_of_baseline_time_to_target"] > 1
     assert cost["trial_train_s"] > cost["baseline_time_to_target_s"]

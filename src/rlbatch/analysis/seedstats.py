@@ -170,9 +170,8 @@ def contrast(fit: PooledFit, a: str, b: str, ci: float) -> dict:
         d = ma - mb
         out["log_ci"] = (d - t * se, d + t * se)
         out["p_below"] = _p_below(d, se, fit.df)
-    elif ma is None and mb is not None:  # a is only bounded below: so is a - b
-        out["log_ci"] = (fit.at_bounds[a] - mb - t * se, math.inf)
-        out["p_below"] = _p_below(fit.at_bounds[a] - mb, se, fit.df)  # an upper bound of it
+    elif ma is None and mb is not None:  # a is only bounded below: so is a - b, and no
+        out["log_ci"] = (fit.at_bounds[a] - mb - t * se, math.inf)  # claim that a is lower
     elif mb is None and ma is not None:
         out["log_ci"] = (-math.inf, ma - fit.at_bounds[b] + t * se)
     else:

@@ -104,8 +104,10 @@ def _p_faster(e: dict) -> float | None:
 
 
 def eligible(e: dict) -> bool:
-    """Compared with the reference on at least 2 seeds each and not rejected."""
-    return e["verdict"] not in REJECTED + ("unconfirmed",) and _p_faster(e) is not None
+    """Compared with the reference on at least 2 seeds each, not rejected, and with an
+    estimated time to target (a configuration none of whose runs crossed has none)."""
+    return (e["verdict"] not in REJECTED + ("unconfirmed",) and _p_faster(e) is not None
+            and e["time_to_target"] is not None)
 
 
 def shown_faster(entries: list[dict], ref: dict, alpha: float = DEFAULT_ALPHA) -> list[dict]:
