@@ -2,11 +2,6 @@
 house rules 1 and 2). None of them enters a loss; the update computes them from tensors its
 own forward already produced (no extra forward pass) and logs them (docs/metrics.md).
 
-- `approx_kl_k3`: per-token k3 estimate of KL(pi_old || pi_new) between the rollout policy and
-  the policy being updated, from samples of pi_old: (r - 1) - log r with r = pi_new / pi_old
-  (Schulman 2020, "Approximating KL divergence"; cleanrl's ppo.py `approx_kl`; the same k3
-  form as verl's `low_var_kl`, which verl applies to the reference KL, while its
-  `actor/ppo_kl` is the k1 form -log r). Non-negative per token, 0 where r = 1.
 - `explained_variance`: 1 - Var(R - V) / Var(R) over valid tokens (cleanrl's ppo.py
   `explained_var`, verl's `critic/vf_explained_var`): 1 for a perfect critic, 0 for one that
   predicts the mean return, negative for one worse than that; NaN when Var(R) = 0.
@@ -14,7 +9,8 @@ own forward already produced (no extra forward pass) and logs them (docs/metrics
   accumulated over micro-batches and minibatches and divided once at the end.
 
 The per-token policy entropy comes from `algos.losses.token_logprobs_and_entropy`, which
-shares the log-softmax of the loss's own log-probabilities.
+shares the log-softmax of the loss's own log-probabilities; the logged KL to the rollout
+policy is `algos.losses.kl_k3` with the old policy as the sampler.
 """
 
 from __future__ import annotations
@@ -22,22 +18,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-
-def approx_kl_k3(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi_old || pi) from tokens sampled by pi_old.
-
-    Schulman 2020 ("Approximating KL divergence", k3) as in cleanrl's ppo.py:
-    with log r = logp - old_logp, k3 = (r - 1) - log r >= 0 (exactly 0 where r = 1).
-
-    Args:
-        logp: (B, T) log-probabilities of the sampled tokens under the current policy.
-        old_logp: (B, T) their log-probabilities under the rollout (old) policy.
-    Returns:
-        (B, T) per-token estimates (padding positions hold junk; mask them).
-    """
-    log_ratio = logp - old_logp  # (B, T)
-    return torch.expm1(log_ratio) - log_ratio
 
 
 def masked_sum(per_token: torch.Tensor, mask: torch.Tensor) -> float:

@@ -9,8 +9,12 @@ summing micro-batch gradients gives exactly the minibatch gradient for any
 
 - `clipped_surrogate`: PPO's clipped objective (Schulman et al. 2017, eq. 7) per token, with
   separate lower/upper clip ranges (DAPO's clip-higher): loss = -min(r A, clip(r, 1-el, 1+eh) A).
-- `kl_k3`: the k3 estimator of KL(pi || ref) (Schulman 2020, "Approximating KL divergence"):
-  exp(ref - logp) - (ref - logp) - 1, unbiased and non-negative.
+- `kl_k3`: the k3 estimator of KL(p || q) from tokens sampled by p (Schulman 2020,
+  "Approximating KL divergence"): with d = log q - log p, (e^d - 1) - d, unbiased and
+  non-negative, exactly 0 where p = q. The update uses it twice: KL(pi || ref) for the
+  reference penalty (`kl_k3(logp, ref_logp)`), and KL(pi_old || pi) as the logged
+  `actor/approx_kl` (`kl_k3(old_logp, logp)`: the k3 of cleanrl's ppo.py `approx_kl` and
+  verl's `low_var_kl`; verl's `actor/ppo_kl` is the k1 form -log r).
 - `clipped_value_loss`: PPO value loss with value clipping (as in OpenAI baselines / verl):
   0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
 - `token_logprobs_and_entropy`: the loss's log-probabilities and, from the same log-softmax,
@@ -73,10 +77,12 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return loss, clipped < unclipped
 
 
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi || ref): (B, T)."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
+def kl_k3(logp: torch.Tensor, other_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(p || q), (B, T): `logp` the sampled tokens'
+    log-probabilities under p (the policy that drew them, for the estimate to be unbiased),
+    `other_logp` under q. Padding positions hold junk; mask them."""
+    d = other_logp - logp
+    return torch.expm1(d) - d
 
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

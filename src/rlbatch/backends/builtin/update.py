@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlbatch.algos.diagnostics import approx_kl_k3, explained_variance, masked_sum
+from rlbatch.algos.diagnostics import explained_variance, masked_sum
 from rlbatch.algos.losses import (
     aggregate,
     clipped_surrogate,
@@ -315,7 +315,7 @@ def _actor_micro(model, b: SeqBatch, old_logp: torch.Tensor, advantages: torch.T
     out.clip = float(aggregate(clipped.float(), mask, tokens))
     if entropy is not None:
         out.entropy = masked_sum(entropy, mask)
-        out.approx_kl = masked_sum(approx_kl_k3(logp.detach(), old), mask)
+        out.approx_kl = masked_sum(kl_k3(old, logp.detach()), mask)  # KL(pi_old || pi)
         out.forwarded = float(mask.sum())
     return out
 
