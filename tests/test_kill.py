@@ -25,8 +25,7 @@ import pytest
 
 from helpers.kill import Schedule, cli, env, kill, kill_at, run_dir_in, sets, stable, start
 from helpers.profile_kill import logged_steps
-from rlbatch.backends.builtin.runstate import FINISHED
-from rlbatch.core.runlog import read_run
+from rlbatch.core.runlog import FINISHED, read_run
 
 KILL_SEED = int(os.environ.get("RLBATCH_KILL_SEED", "16"))
 

@@ -344,7 +344,25 @@ class Run:
         return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
-def _read_json(path: Path) -> dict:
+# Run statuses (docs/metrics.md): `running`, then one of FINISHED or `failed`. `diverged`
+# means the run produced non-finite values (nonfinite.max_consecutive skipped updates in a
+# row); `stopped` means a stop was requested through the STOP file (its code in
+# `stop_code`). Ended for good: re-running skips these. A `failed` run ended but can be
+# resumed.
+FINISHED = ("target_reached", "budget_exhausted", "stopped", "diverged")
+STOP_FILE = "STOP"  # in a run directory: its text is "<code>: <detail>"; checked after every step
+
+
+def ended_for_good(run_dir: Path, status: str | None) -> bool:
+    """A run with this status is over and is not run again, except a `stopped` one whose
+    STOP file was removed: that one is being continued (a probe being extended)."""
+    return status in FINISHED and not (status == "stopped"
+                                       and not (Path(run_dir) / STOP_FILE).exists())
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file of a run directory; {} when it does not exist, a DataError naming
+    the file when it is not a JSON object."""
     if not path.exists():
         return {}
     try:
@@ -379,8 +397,8 @@ def read_run(run_dir: str | Path) -> Run:
             raise DataError("expected a mapping with text keys", where=str(cfg_path))
     steps, w1 = read_jsonl(d / "steps.jsonl")
     evals, w2 = read_jsonl(d / "evals.jsonl")
-    return Run(dir=d, config=config, manifest=_read_json(d / "manifest.json"), steps=steps,
-               evals=evals, summary=_read_json(d / "summary.json"), warnings=w1 + w2)
+    return Run(dir=d, config=config, manifest=read_json(d / "manifest.json"), steps=steps,
+               evals=evals, summary=read_json(d / "summary.json"), warnings=w1 + w2)
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:

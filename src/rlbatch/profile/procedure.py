@@ -43,14 +43,16 @@ import yaml
 
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
-from rlbatch.backends.builtin.runstate import FINISHED
 from rlbatch.core.config import Config
 from rlbatch.core.errors import UserError
 from rlbatch.core.runlog import (
-    _read_json,
+    FINISHED,
+    STOP_FILE,
     append_jsonl,
     atomic_write_json,
     atomic_write_text,
+    ended_for_good,
+    read_json,
     read_jsonl,
 )
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
@@ -73,7 +75,7 @@ class Journal:
 
 def _status(trial: Trial) -> dict:
     d = trial.run_dir()
-    summary = _read_json(d / "summary.json")
+    summary = read_json(d / "summary.json")
     steps = read_jsonl(d / "steps.jsonl")[0]
     evals = read_jsonl(d / "evals.jsonl")[0]
     last = steps[-1] if steps else {}
@@ -90,9 +92,7 @@ def _status(trial: Trial) -> dict:
 def _finished(trial: Trial) -> bool:
     """Ended for good. A `stopped` trial whose STOP file was removed is not: its process
     continues it (a probe being extended, profile/probing.py)."""
-    status = _status(trial)["status"]
-    return status in FINISHED and not (status == "stopped"
-                                       and not (trial.run_dir() / "STOP").exists())
+    return ended_for_good(trial.run_dir(), _status(trial)["status"])
 
 
 class Driver:
@@ -134,7 +134,7 @@ class Driver:
             for name in self.ex.running():
                 st = _status(by_name[name])
                 reason = stopper(st) if stopper else None
-                stop = Path(st["run_dir"]) / "STOP"
+                stop = Path(st["run_dir"]) / STOP_FILE
                 if reason and not stop.exists():
                     atomic_write_text(stop, reason)
                     self.journal.log("stop_requested", trial=name, reason=reason)
@@ -173,7 +173,7 @@ def choose_concurrency(cfg: Config, out: Path, journal: Journal, batch_max: int)
     path = out / "decode.json"
     key = {"model": cfg.model, "task": cfg.task.name, "digits": cfg.task.digits,
            "new_tokens": cfg.rollout.max_new_tokens, "concurrency": wanted}
-    cached = _read_json(path)
+    cached = read_json(path)
     if cached.get("key") == key:
         return cached
     if not cfg.profile.concurrency:
@@ -351,7 +351,7 @@ def _read_run_config(entry: dict) -> dict:
 def _cost(trials: list[dict], decode: dict, result: dict | None) -> dict:
     """Training seconds of every trial (and the decode sweep), as a multiple of one baseline
     run's time to target (the baseline configuration's measured median)."""
-    train = sum(_read_json(Path(t["run_dir"]) / "summary.json").get("train_s") or 0.0
+    train = sum(read_json(Path(t["run_dir"]) / "summary.json").get("train_s") or 0.0
                 for t in trials)
     times = [t["target"]["train_s"] for t in trials
              if t["kind"] == "baseline" and t["target"].get("reached")

@@ -34,28 +34,24 @@ from rlbatch.backends.builtin.counters import Counters
 from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError, OutputError, Terminated, UserError, writing
 from rlbatch.core.runlog import (
+    FINISHED,
+    STOP_FILE,
     RunWriter,
-    _read_json,
     append_jsonl,
     atomic_write_json,
     build_manifest,
+    ended_for_good,
     make_run_id,
+    read_json,
     read_jsonl,
     truncate_jsonl_after_step,
 )
 from rlbatch.rollout.reward_runner import RewardError
 
-# Run statuses (docs/metrics.md): `running`, then one of these. `diverged` means the run
-# produced non-finite values (nonfinite.max_consecutive skipped updates in a row); `stopped`
-# means a stop was requested through the STOP file (its code in `stop_code`).
-TERMINAL = ("target_reached", "budget_exhausted", "stopped", "diverged", "failed")
-# Ended for good: re-running skips these. A `failed` run ended but can be resumed.
-FINISHED = ("target_reached", "budget_exhausted", "stopped", "diverged")
 REWARD_ERRORS = "reward_errors.jsonl"
 _LOGS = ("steps.jsonl", "evals.jsonl", REWARD_ERRORS)
 _OWN_FILES = ("config.yaml", "manifest.json", "summary.json", *_LOGS)
 _FAULT_KEYS = ("errors", "timeouts", "nonfinite")
-STOP_FILE = "STOP"  # its text is "<code>: <detail>"; checked after every step
 STOP_CODES = ("cannot_win", "no_crossing", "probe", "profile_budget")
 
 
@@ -78,7 +74,7 @@ class RunState:
         self.finished = finished
         self.c = Counters.fresh(cfg)
         self._from_checkpoint = False
-        self.summary = _read_json(run_dir / "summary.json") if finished else {}
+        self.summary = read_json(run_dir / "summary.json") if finished else {}
         self.writer: RunWriter | None = None
 
     @property
@@ -245,7 +241,7 @@ class RunState:
         self.c.failure = failure_line(exc)
         try:
             if self.resuming and not self._from_checkpoint and self.writer is None:
-                previous = _read_json(self.dir / "summary.json")
+                previous = read_json(self.dir / "summary.json")
                 self.summary = {**previous, "status": "failed", "failure": self.c.failure,
                                 "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
             else:
@@ -315,10 +311,9 @@ def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunSt
         shutil.rmtree(run_dir)
         exists = False
     if exists:
-        summary = _read_json(run_dir / "summary.json")
+        summary = read_json(run_dir / "summary.json")
         status = summary.get("status")
-        if status in FINISHED and not (status == "stopped" and resume
-                                       and not (run_dir / STOP_FILE).exists()):
+        if status in FINISHED and (not resume or ended_for_good(run_dir, status)):
             return RunState(cfg, run_dir, resuming=False, finished=True)
         if not resume:
             what = (f"a failed run ({summary.get('failure') or 'no reason recorded'})"

@@ -23,7 +23,7 @@ from rlbatch.backends.trl.hooks import (
 )
 from rlbatch.backends.trl.mapping import TaskReward, build_dataset, check_trl_config, grpo_args
 from rlbatch.core.config import Config
-from rlbatch.core.runlog import _read_json, atomic_write_json
+from rlbatch.core.runlog import atomic_write_json, read_json
 from rlbatch.rollout.reward_runner import RewardError
 
 Callback = Callable[[str, dict], None]
@@ -39,7 +39,7 @@ def open_trl_run(cfg: Config, *, resume: bool, fresh: bool) -> RunState:
     st = open_run(cfg, resume=resume, fresh=fresh)
     if not st.resuming and not st.finished:
         path = st.dir / "manifest.json"
-        manifest = {**_read_json(path), "backend": "trl", "trl": trl.__version__}
+        manifest = {**read_json(path), "backend": "trl", "trl": trl.__version__}
         atomic_write_json(path, manifest)
     return st
 
