@@ -10,6 +10,7 @@ import pytest
 
 from rlbatch.analysis.prediction import (
     BaselineCurves,
+    across_probes,
     fit_ratio,
     mean_curve,
     predict,
@@ -145,3 +146,70 @@ def test_time_ratio_uses_both_throughputs_and_not_the_baseline_crossing():
     again = predict(shifted, cand, steps(300.0), base_steps=steps(200.0))
     assert again["time_ratio"] == out["time_ratio"]
     assert again["time_to_target"] == pytest.approx(out["time_to_target"] * 1.3)
+
+
+# ---------- intervals across probes (the probe profile's) ----------
+
+def _pred(r: float, t: float, nstar_base: float = 1000.0, q: float = 100.0) -> dict:
+    return {"ratio": r, "time_ratio": t, "samples_to_target": r * nstar_base, "throughput": q,
+            "problem": None, "ratio_ci": [0.9 * r, 1.1 * r], "time_ratio_ci": [0.9 * t, 1.1 * t],
+            "samples_to_target_ci": [None, None], "time_to_target_ci": [None, None],
+            "verdict": "aligned"}
+
+
+def _coverage(common: bool, reps: int = 4000) -> float:
+    """Rounds of 3 candidate probes and one copy of the baseline, each log prediction
+    = truth + its own seed's deviation (+ the baseline run's, common to the round)."""
+    rng = np.random.default_rng(11)
+    truth = np.log([0.5, 1.0, 2.0])
+    hits = total = 0
+    for _ in range(reps):
+        base = rng.normal(0, 0.3) if common else 0.0
+        logs = truth + rng.normal(0, 0.3, 3) - base
+        copy = rng.normal(0, 0.3) - base
+        preds = {f"c{i}": _pred(math.exp(x), math.exp(x)) for i, x in enumerate(logs)}
+        out = across_probes(preds, {"copy": _pred(math.exp(copy), math.exp(copy))})
+        for i, name in enumerate(preds):
+            lo, hi = out[name]["time_ratio_ci"]
+            hits += lo <= math.exp(truth[i]) <= hi
+            total += 1
+    return hits / total
+
+
+def test_intervals_across_probes_keep_their_level():
+    # with the baseline run's deviation in every error, sqrt(2) S is the error's sd when
+    # candidates do not differ; here they differ 4x, so the level is met or exceeded
+    assert _coverage(common=True) >= 0.88
+    # without it the interval is conservative
+    assert _coverage(common=False) >= 0.95
+
+
+def test_intervals_across_probes_at_their_exact_level_when_nothing_differs():
+    rng = np.random.default_rng(5)
+    hits = total = 0
+    for _ in range(3000):
+        base = rng.normal(0, 0.3)
+        logs = rng.normal(0, 0.3, 4) - base  # 3 candidates and the copy, all truly equal
+        preds = {f"c{i}": _pred(math.exp(x), math.exp(x)) for i, x in enumerate(logs[:3])}
+        out = across_probes(preds, {"copy": _pred(math.exp(logs[3]), math.exp(logs[3]))})
+        for name in preds:
+            lo, hi = out[name]["ratio_ci"]
+            hits += lo <= 1.0 <= hi
+            total += 1
+    assert 0.87 <= hits / total <= 0.93  # nominal 0.90; sd of the rate ~0.003
+
+
+def test_across_probes_needs_two_probes_and_keeps_the_bootstrap():
+    one = across_probes({"c": _pred(0.5, 0.4)})
+    assert one["c"]["time_ratio_ci"] == [None, None] and one["c"]["interval_df"] == 0
+    assert one["c"]["verdict"] == "inconclusive"
+    assert one["c"]["within_run"]["time_ratio_ci"] == pytest.approx([0.36, 0.44])
+    two = across_probes({"c": _pred(0.5, 0.4)}, {"copy": _pred(1.0, 1.0)})
+    assert two["c"]["interval_df"] == 1 and "copy" not in two
+    lo, hi = two["c"]["time_ratio_ci"]
+    assert lo < 0.4 < hi and math.log(hi / 0.4) == pytest.approx(math.log(0.4 / lo))
+    assert two["c"]["samples_to_target_ci"] == pytest.approx(
+        [x * 1000.0 for x in two["c"]["ratio_ci"]])
+    bad = dict(_pred(0.5, 0.4), problem="too short")
+    out = across_probes({"c": _pred(0.5, 0.4), "d": bad}, {"copy": _pred(1.0, 1.0)})
+    assert out["c"]["interval_df"] == 1 and out["d"]["time_ratio_ci"] == [None, None]

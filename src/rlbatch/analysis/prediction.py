@@ -23,6 +23,19 @@ cheap form of "align, then accelerate"):
 5. **Predicted N* and T** per draw: N*_cand = r x N*_base (N*_base: the median crossing of a
    resample of the baseline's seeds that reached the target), T_cand = N*_cand / q_cand;
    the interval is the percentile interval of the draws.
+6. **Intervals across probes** (`across_probes`, what a probe profile uses and prints): the
+   bootstrap of 2-5 sees one run's evaluation noise, not how differently another seed of
+   the same configuration would have learned, so against runs to the target its "90%"
+   holds the truth in 62-78% of probes (docs/analysis.md, "Probe predictions"). A probe's
+   log prediction error is d_c - d_B + e_c: its own seed's deviation, the baseline run's
+   (common to every probe) and the prefix's extrapolation error. The spread S of the
+   probes' log predictions around each other estimates var(d_c + e_c) plus the true
+   differences between candidates, at least half of the error's variance (var d_B equals
+   var d_c), so the interval log prediction +- t(k - 1) sqrt(2) S over k probes keeps its
+   level, conservatively where candidates truly differ. The baseline's own probe seed,
+   predicted against the baseline run alone, is one of the k (its true ratio is 1), so one
+   candidate already has an interval, with 1 degree of freedom: wide, as it should be.
+   Fewer than 2 probes give none.
 
 Everything here is pure numpy on arrays the caller reads from run logs. No torch import.
 """
@@ -33,6 +46,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as sps
 
 from rlbatch.analysis import invariance
 
@@ -212,3 +226,49 @@ def predict(base: BaselineCurves, cand: Curve, steps: tuple[np.ndarray, np.ndarr
     if r in (R_GRID[0], R_GRID[-1]):
         out["problem"] = f"r = {r:.3g} is at the end of the searched range [1/{R_RANGE:g}, {R_RANGE:g}]"
     return out
+
+
+ACROSS = ("ratio", "time_ratio")
+
+
+def across_probes(preds: dict[str, dict], copies: dict[str, dict] | None = None,
+                  ci: float = 0.9, margin: float = invariance.DEFAULT_MARGIN
+                  ) -> dict[str, dict]:
+    """The probes' predictions (`predict`'s dicts by name) with intervals from their spread
+    around each other (module text, 6): `ratio_ci`, `time_ratio_ci` and the N* and T
+    intervals they imply, and the verdict on the new r interval. `copies` are predictions of
+    further seeds of the baseline itself (true ratio 1): they enter the spread and are not
+    returned. The bootstrap intervals move under `within_run`; `interval_df` is the spread's
+    degrees of freedom (0: no interval)."""
+    def ok(p):
+        return p.get("problem") is None and bool(p.get("ratio")) and bool(p.get("time_ratio"))
+    members = [p for p in [*preds.values(), *(copies or {}).values()] if ok(p)]
+    df = len(members) - 1
+    half = {}
+    for key in ACROSS:
+        logs = np.log([p[key] for p in members])
+        half[key] = (float(sps.t.ppf(0.5 + ci / 2, df) * math.sqrt(2.0) * np.std(logs, ddof=1))
+                     if df >= 1 else None)
+    out = {}
+    for name, p in preds.items():
+        q = dict(p)
+        q["within_run"] = {k: p[k] for k in ("ratio_ci", "time_ratio_ci", "samples_to_target_ci",
+                                             "time_to_target_ci", "verdict")}
+        q["interval_df"] = max(df, 0) if ok(p) else 0
+        if ok(p) and df >= 1:
+            r_ci = _around(p["ratio"], half["ratio"])
+            scale = p["samples_to_target"] / p["ratio"]
+            q.update(ratio_ci=r_ci, time_ratio_ci=_around(p["time_ratio"], half["time_ratio"]),
+                     samples_to_target_ci=[x * scale for x in r_ci],
+                     time_to_target_ci=[x * scale / p["throughput"] for x in r_ci],
+                     verdict=invariance.verdict(math.log(r_ci[0]), math.log(r_ci[1]), margin))
+        else:
+            q.update(ratio_ci=[None, None], time_ratio_ci=[None, None],
+                     samples_to_target_ci=[None, None], time_to_target_ci=[None, None],
+                     verdict="inconclusive")
+        out[name] = q
+    return out
+
+
+def _around(x: float, half: float) -> list:
+    return [x * math.exp(-half), x * math.exp(half)]

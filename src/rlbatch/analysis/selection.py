@@ -44,6 +44,9 @@ RULE = ("lowest T = N*/q among configurations of the reference's LR-scaling fami
         "(P(faster) above 1 - alpha/m, Holm over the m candidates); otherwise keep the "
         "reference")
 REJECTED = ("departed", "slower", "too_easy", "reference")
+STATISTIC = ("first_crossing: N* is each run's first crossing of the target; a stretch fitted "
+             "to whole curves was wider on the recorded runs (docs/analysis.md, 'Which "
+             "statistic')")
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -200,7 +203,9 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA)
         "plan": plan,
         "reference_lr_check": reference_lr_check(fam, ref),
         "next": next_step(plan, ref),
+        "next_seeds": next_seeds(plan, ref),
         "rule": RULE,
+        "statistic": STATISTIC,
     }
 
 
@@ -278,11 +283,21 @@ def next_step(plan: list[dict], ref: dict) -> str | None:
         else:
             parts.append(f"B={p['sequences_per_step']}: {need} seeds per side resolve its T "
                          f"ratio {p['time_ratio']:.2f} at 80% power")
+    seeds = next_seeds(plan, ref)
+    if seeds is None:
+        return "; ".join(parts) + ": keep the baseline unless a smaller effect matters"
+    return "; ".join(parts) + f" (e.g. rlbatch profile --seeds {seeds}), then analyze again"
+
+
+def next_seeds(plan: list[dict], ref: dict) -> int | None:
+    """Seeds per configuration that `next_step` asks for (None: more seeds would not settle
+    anything, or nothing is open)."""
+    if not plan:
+        return None
     needs = [p["seeds_per_side_needed"] for p in plan if p["seeds_per_side_needed"]]
     if not needs and all(p["detectable_time_ratio"] is not None for p in plan):
-        return "; ".join(parts) + ": keep the baseline unless a smaller effect matters"
-    seeds = max(max(needs, default=0), MIN_SEEDS, ref["seeds"] + (0 if needs else 1))
-    return "; ".join(parts) + f" (e.g. rlbatch profile --seeds {seeds}), then analyze again"
+        return None
+    return max(max(needs, default=0), MIN_SEEDS, ref["seeds"] + (0 if needs else 1))
 
 
 def control_versus_twin(control: dict, twin: dict, comparison: dict) -> dict:

@@ -49,7 +49,7 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
            "none_faster": "no candidate can be faster than the baseline",
            "not_enough": "no candidate's advantage is shown yet"}[rec["evidence"]]
     lines.append(f"evidence: {rec['evidence']} ({why}); geometric means across seeds, {ci} "
-                 "intervals, T = N*/q")
+                 "intervals, T = N*/q, N* at each run's first crossing of the target")
     rejected = {r["config"]: r["why"] for r in rec.get("rejected") or []}
     for c in rec["compared"]:
         ce = entries[c["config"]]
