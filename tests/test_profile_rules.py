@@ -40,7 +40,10 @@ def test_early_stop_codes():
 
 
 def quick(*sets):
-    return load_config(preset="quick", overrides=list(sets))
+    """The quick preset with the target and cadence these scripted curves are written for
+    (step 0 + 0.15, every 128 samples), whatever the preset's own."""
+    return load_config(preset="quick", overrides=["target.gain=0.15",
+                                                  "eval.every_samples=128", *sets])
 
 
 def step_row(step: int, samples: int, train_s: float) -> dict:
@@ -74,18 +77,20 @@ def test_baseline_evidence_needs_ten_evaluations_before_n_star(tmp_path):
     # every 512 samples, +0.15 reached at 1,536: 3 evaluations before N*
     curve = [(0, 0.3), (512, 0.35), (1024, 0.4), (1536, 0.46)]
     cfg, trials = baseline_trials(tmp_path, curve)
+    ev = procedure.baseline_evidence(trials, cfg)
     with pytest.raises(UserError) as err:
-        procedure._baseline_evidence(trials, cfg)
+        procedure.require_evaluations(ev, cfg)
     msg = str(err.value)
     assert msg.startswith("eval.every_samples:") and "only 3 evaluations" in msg
-    # N* = 1024 + (0.45 - 0.40) / 0.06 * 512 = 1,451 samples: at most 145 per evaluation
-    assert "eval.every_samples <= 145" in msg
+    # N* = 1024 + (0.45 - 0.40) / 0.06 * 512 = 1,451 samples: 10 evaluations before it at
+    # every 1451 // 11 = 131 samples
+    assert "eval.every_samples <= 131" in msg
 
 
 def test_baseline_evidence_resolved_and_candidate_cadence(tmp_path):
     curve = [(i * 100, 0.3 + 0.01 * i) for i in range(31)]  # +0.15 at 1,500 samples
     cfg, trials = baseline_trials(tmp_path, curve, seeds=(0, 1), **{"eval.every_samples": 512})
-    ev = procedure._baseline_evidence(trials, cfg)
+    ev = procedure.baseline_evidence(trials, cfg)
     assert ev["problem"] is None and ev["evaluations_before_target"] == 15
     assert ev["median_nstar"] == pytest.approx(1500.0)
     assert ev["median_time"] == pytest.approx(15.0)  # q = 100 samples/s
@@ -96,7 +101,7 @@ def test_baseline_evidence_resolved_and_candidate_cadence(tmp_path):
 def test_baseline_too_easy_is_a_problem_not_a_decision(tmp_path):
     curve = [(0, 0.3), (512, 0.5), (1024, 0.6)]  # +0.15 met by the first evaluation
     cfg, trials = baseline_trials(tmp_path, curve)
-    ev = procedure._baseline_evidence(trials, cfg)
+    ev = procedure.baseline_evidence(trials, cfg)
     assert ev["problem"].startswith("target too easy: met by the first evaluation at 512")
 
 
@@ -235,15 +240,17 @@ class ResumingExecutor(ScriptedExecutor):
 
 
 def test_probe_confirmation_stops_once_it_cannot_beat_the_baseline(tmp_path):
-    """A candidate whose probe is aligned and 3x faster is confirmed; past its probe it stops
-    learning. The confirmation stops (`cannot_win`) once it has trained longer than the
-    baseline's time to target, instead of running out its budget, and the outcome is
-    `not_confirmed` with its ratio bounded from below."""
+    """A candidate whose probe is aligned and 3x faster is confirmed: its probe is at the cap
+    at once (probe_max_fraction = probe_fraction), and its point ratio is the lowest below
+    1 (one probe and the baseline's copy leave a 1-df interval that settles nothing). Past
+    its probe it stops learning. The confirmation stops (`cannot_win`) once it has trained
+    longer than the baseline's time to target, instead of running out its budget, and the
+    outcome is `not_confirmed` with its ratio bounded from below."""
     from rlbatch.profile.probing import run_probe_profile
 
     cfg = quick("profile.prompts_per_step=[32]", "profile.fixed_lr_control=false",
                 "profile.concurrency=[]", "profile.probe_fraction=0.25",
-                "profile.probe_budget=null", f"output_dir={tmp_path / 'runs'}")
+                "profile.probe_max_fraction=0.25", "profile.probe_budget=null", f"output_dir={tmp_path / 'runs'}")
     acc = lambda s: 0.30 + s / 20000  # crosses step 0 + 0.15 at 3,000 samples
     base = [(s, s / 100, acc(s)) for s in range(0, 4097, 128)]  # T_base = 30 s
     probe = [(s, s / 100, acc(s) + (0.004 if (s // 128) % 2 else -0.004))
@@ -275,7 +282,8 @@ def test_probe_budget_stops_the_confirmation_and_the_control_is_not_probed(tmp_p
     from rlbatch.profile.probing import run_probe_profile
 
     cfg = quick("profile.prompts_per_step=[32]", "profile.concurrency=[]",
-                "profile.probe_fraction=0.25", "profile.probe_budget=1.5",
+                "profile.probe_fraction=0.25", "profile.probe_max_fraction=0.25",
+                "profile.probe_budget=1.5",
                 f"output_dir={tmp_path / 'runs'}")
     assert cfg.profile.fixed_lr_control and not cfg.profile.probe_control
     acc = lambda s: 0.30 + s / 20000
@@ -308,7 +316,8 @@ def test_probe_budget_stops_the_confirmation_and_the_control_is_not_probed(tmp_p
     # past its probe it learns nothing, so it is dropped or measured slower
     budget = float(d["next"].split("at least ")[1].split()[0])
     cfg2 = quick("profile.prompts_per_step=[32]", "profile.concurrency=[]",
-                 "profile.probe_fraction=0.25", f"profile.probe_budget={budget}",
+                 "profile.probe_fraction=0.25", "profile.probe_max_fraction=0.25",
+                 f"profile.probe_budget={budget}",
                  f"output_dir={tmp_path / 'runs'}")
     doc2 = run_probe_profile(cfg2, tmp_path, ex, poll_s=0.0)
     again = next(t for t in doc2["trials"] if t["trial"] == "sqrt-P32-s0")
@@ -351,3 +360,44 @@ def test_profile_decides_when_every_candidate_cannot_win_and_resumes_to_the_same
     assert ex.submitted == submitted  # nothing started again
     assert again["decision"]["config"] == doc["decision"]["config"]
     assert again["decision"]["evidence"] == doc["decision"]["evidence"]
+
+
+def test_profile_evaluates_the_baseline_again_densely_instead_of_refusing(tmp_path):
+    """Evaluated every 1,024 samples, the baseline crosses at 3,000 with 3 evaluations before
+    it (step 0 counted). Instead of asking for a cadence, the profile runs the same baseline seeds
+    again at one that resolves them (3,000 // 11 = 272, down to a whole step of 128: 256),
+    decides from those, counts both in its cost, and resumes to the same decision."""
+    cfg = quick("profile.prompts_per_step=[32]", "profile.concurrency=[]",
+                "profile.fixed_lr_control=false", "eval.every_samples=1024",
+                f"output_dir={tmp_path / 'runs'}")
+    acc = lambda s: 0.30 + s / 20000  # crosses step 0 + 0.15 at 3,000 samples
+    sparse = [(s, s / 100, acc(s)) for s in range(0, 4097, 1024)]
+    dense = [(s, s / 100, acc(s)) for s in range(0, 3073, 256)]
+    slow = [(s, s / 50, acc(s)) for s in range(0, 8193, 256)]  # half the q: cannot win
+    ex = ResumingExecutor({"base-P16-s0": sparse, "base-P16-s1": sparse,
+                           "base-P16-s0-e256": dense, "base-P16-s1-e256": dense,
+                           "sqrt-P32-s0": slow})
+    doc = procedure.run_profile(cfg, tmp_path, ex, poll_s=0.0)
+    events = read_jsonl(tmp_path / "journal.jsonl")[0]
+    again = next(e for e in events if e["event"] == "baseline_reevaluated")
+    assert again["eval_every"] == 256 and again["evaluations_before_target"] == 3
+    assert doc["problem"] is None and doc["decision"]["is_reference"]
+    ref = next(c for c in doc["analysis"]["configs"] if c["verdict"] == "reference")
+    assert ref["seeds"] == 2 and all(r["evaluations_before_target"] >= 10 for r in ref["runs"])
+    assert ref["samples_to_target"] == pytest.approx(3000.0)
+    ran = {r["run"] for c in doc["analysis"]["configs"] for r in c["runs"]}
+    first = {t["run_dir"] for t in doc["trials"] if t["trial"] in ("base-P16-s0", "base-P16-s1")}
+    assert len(first) == 2 and not first & ran  # superseded, not analysed
+    # both baselines are paid for: the profile's cost sums the trials it lists
+    assert {"base-P16-s0", "base-P16-s1", "base-P16-s0-e256", "base-P16-s1-e256"} <= \
+        {t["trial"] for t in doc["trials"]}
+    submitted = list(ex.submitted)
+    doc2 = procedure.run_profile(cfg, tmp_path, ex, poll_s=0.0)
+    assert ex.submitted == submitted and doc2["decision"]["config"] == doc["decision"]["config"]
+
+
+def test_profile_refuses_when_even_every_step_is_too_few():
+    cfg = quick("eval.every_samples=1024")
+    ev = {"dense_every": 60, "evaluations_before_target": 1, "median_nstar": 700.0}
+    with pytest.raises(UserError, match=r"^target.gain: the baseline reached the target"):
+        procedure.denser_baseline(cfg, Path("."), 64, [0], ev, None, None)

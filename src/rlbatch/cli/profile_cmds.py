@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 import typer
 from rich.console import Console
 from rich.live import Live
@@ -40,7 +43,9 @@ def _table(rows: list[dict], metric: str) -> Table:
 
 def profile(
     config: str | None = typer.Argument(None, help="YAML config naming the baseline "
-                                           "(optimizer.reference_sequences/_lr), target, profile:"),
+                                           "(optimizer.reference_sequences and _lr), the "
+                                           "target and the profile section (default: the "
+                                           "quick preset)"),
     preset: str | None = PresetOption,
     set_: list[str] | None = SetOption,
     batches: str | None = typer.Option(None, help="candidate prompt batches P, e.g. 8,32,64"),
@@ -50,7 +55,7 @@ def profile(
     backend: str | None = typer.Option(None, help="trainer for the trials: builtin | trl"),
     executor: str = typer.Option("local", help="local | ray"),
     address: str | None = typer.Option(None, help="Ray cluster address (e.g. auto)"),
-    workers: int | None = typer.Option(None, help="trials at once (default 1 on 2 cores)"),
+    workers: int | None = typer.Option(None, help="trials at once (profile.workers, default 1)"),
     strategy: str | None = typer.Option(
         None, help="full (every candidate towards the target) | probe (short probes, "
         "predicted time to target, only the predicted winner run to the target)"),
@@ -95,10 +100,47 @@ def profile(
     _print_decision(doc, out_dir, as_json)
 
 
+def continue_command(argv: list[str], out_dir: str, seeds: int | None = None,
+                     sets: dict | None = None) -> str:
+    """The command that continues this profile folder with the same settings: `argv` (the
+    arguments after `rlbatch`) with `--out` made explicit, `--seeds` replaced by `seeds`,
+    and a `--set KEY=VALUE` for each of `sets` (after the user's, so it wins)."""
+    args, i = [], 0
+    drop_value = {"--seeds", "--out"}
+    while i < len(argv):
+        a = argv[i]
+        if a in drop_value:
+            i += 2
+            continue
+        if a.split("=", 1)[0] in drop_value:
+            i += 1
+            continue
+        args.append(a)
+        i += 1
+    if seeds is not None:
+        args += ["--seeds", str(seeds)]
+    for k, v in (sets or {}).items():
+        args += ["--set", f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"]
+    args += ["--out", out_dir]
+    return shlex.join(["rlbatch", *args])
+
+
+def _next_command(doc: dict, out_dir: str) -> str | None:
+    d = doc.get("decision") or {}
+    if d.get("next_set"):
+        return continue_command(sys.argv[1:], out_dir, sets=d["next_set"])
+    rec = (doc.get("analysis") or {}).get("recommendation") or {}
+    if doc.get("strategy") != "probe" and rec.get("next_seeds"):
+        return continue_command(sys.argv[1:], out_dir, seeds=rec["next_seeds"])
+    return None
+
+
 def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
     d, cost = doc["decision"], doc["cost"]
+    command = _next_command(doc, out_dir)
     if as_json:
-        print_json({"profile_dir": out_dir, "decision": d, "cost": cost, "problem": doc["problem"]})
+        print_json({"profile_dir": out_dir, "decision": d, "cost": cost, "problem": doc["problem"],
+                    "next_command": command})
         return
     print(f"profile: {out_dir}/profile.json")
     if doc.get("strategy") == "probe" and d is not None:
@@ -113,6 +155,8 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
     print(f"profiling cost: {cost['total_s']:.1f} training seconds"
           + (f" = {m:.2f}x one baseline run's time to target" if m else "")
           + (f" ({grid:.0%} of the exhaustive grid's estimate)" if grid else ""))
+    if command:
+        print(f"to continue this profile (finished trials are kept): {command}")
 
 
 def probe_decision_line(d: dict) -> str:

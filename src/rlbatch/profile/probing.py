@@ -10,8 +10,10 @@ a fraction of that (docs/design.md, Method, "probes"):
    each stopped after `profile.probe_fraction` x N*_base samples (stop code `probe`; a
    stopped probe keeps its checkpoint and can be continued);
 4. predictions (analysis/prediction.py): each probe's curve against the baseline's two
-   seeds gives its sample-efficiency ratio r and alignment verdict, its steady-state
-   throughput q, and the time ratio T_cand / T_base = r x q_base / q_cand with an interval;
+   seeds gives its sample-efficiency ratio r, its steady-state throughput q, and the time
+   ratio T_cand / T_base = r x q_base / q_cand; their intervals, and the alignment verdict
+   on r's, come from the probes' spread around each other, the baseline's probe seed
+   (predicted against the baseline run) among them (`across_probes`);
 5. sequential spending (spending.py): drop what cannot win or departed, extend what is
    undecided (probes double, up to `profile.probe_max_fraction` x N*_base), then confirm
    the predicted winner by continuing its probe to the target, or until it has trained
@@ -38,22 +40,23 @@ from pathlib import Path
 import numpy as np
 
 from rlbatch.analysis.crossing import run_result
-from rlbatch.analysis.prediction import BaselineCurves, predict
+from rlbatch.analysis.prediction import BaselineCurves, across_probes, predict
 from rlbatch.analysis.runs import frames_from_runs
 from rlbatch.core.config import Config
-from rlbatch.core.runlog import Run, atomic_write_json, read_run
+from rlbatch.core.runlog import STOP_FILE, Run, atomic_write_json, read_run
 from rlbatch.profile.procedure import (
     Driver,
     Journal,
     Progress,
-    _analyze,
-    _baseline_evidence,
-    _cost,
-    _status,
-    _target,
+    analyze_trials,
+    baseline_evidence,
     candidate_eval_every,
     choose_concurrency,
     early_stop_reason,
+    profile_cost,
+    require_evaluations,
+    target_of,
+    trial_status,
 )
 from rlbatch.profile.spending import Candidate, Plan, fit_budget, plan_next
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
@@ -97,7 +100,7 @@ def longest_step(run: Run, skip_steps: int = 1) -> float:
 def reopen(trial: Trial) -> None:
     """Let a stopped probe continue: its STOP file goes, and `rlbatch train --resume` then
     continues it from its last checkpoint (runstate.open_run)."""
-    (trial.run_dir() / "STOP").unlink(missing_ok=True)
+    (trial.run_dir() / STOP_FILE).unlink(missing_ok=True)
 
 
 def curve_of(run: Run, metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -117,7 +120,7 @@ def step_increments(run: Run) -> tuple[np.ndarray, np.ndarray]:
 def _measured(trial: Trial, cfg: Config) -> dict:
     frames = frames_from_runs([read_run(trial.run_dir())])
     d = str(trial.run_dir())
-    return run_result(frames.run_steps(d), frames.run_evals(d), _target(cfg))
+    return run_result(frames.run_steps(d), frames.run_evals(d), target_of(cfg))
 
 
 def run_probe_profile(cfg: Config, out: str | Path, executor, *,
@@ -135,7 +138,8 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
     driver = Driver(cfg, out, executor, journal, progress, poll_s)
     base = plan_trials(cfg, runs, c, [cfg.seed], kinds=("baseline",))[0]
     driver.run([base])
-    ev = _baseline_evidence([base], cfg)
+    ev = baseline_evidence([base], cfg)
+    require_evaluations(ev, cfg)
     if ev["problem"]:
         return _write(cfg, out, driver, decode, None, ev["problem"], [], {})
     nstar = ev["median_nstar"]
@@ -151,7 +155,7 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
     budget_s = math.inf if prof.probe_budget is None else prof.probe_budget * t_base
 
     def spent() -> float:
-        return sum(_status(t)["train_s"] for t in driver.all) + (decode.get("seconds") or 0.0)
+        return sum(trial_status(t)["train_s"] for t in driver.all) + (decode.get("seconds") or 0.0)
 
     journal.log("probing", nstar_base=nstar, first=first, cap=cap, eval_every=every,
                 budget_s=None if budget_s == math.inf else budget_s)
@@ -161,12 +165,12 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
     while True:
         todo = [t for t in [base_probe, *cands] if t.name not in dropped]
         for t in todo:
-            if _status(t)["samples"] < limits[t.name]:
+            if trial_status(t)["samples"] < limits[t.name]:
                 reopen(t)
         driver.run(todo, lambda st: probe_stop_reason(st, limits[st["trial"]]))
         preds = _predictions(cfg, base, base_probe, cands)
         live = [Candidate(t.name, st["samples"], preds[t.name], train_s=st["train_s"])
-                for t in family if t.name not in dropped for st in [_status(t)]]
+                for t in family if t.name not in dropped for st in [trial_status(t)]]
         plan = plan_next(live, cap=cap, extend=prof.probe_extend)
         refused: dict = {}
         if plan.extend and budget_s < math.inf:
@@ -183,7 +187,7 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         limits.update(plan.extend)
     if plan.confirm:
         winner = next(t for t in family if t.name == plan.confirm)
-        probe_s = _status(winner)["train_s"]
+        probe_s = trial_status(winner)["train_s"]
         allowance = budget_s - (spent() - probe_s)
         step_s = longest_step(read_run(winner.run_dir()))
         started = not budget_due(probe_s, allowance, step_s)
@@ -196,7 +200,7 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
             # settled; or stopped where the budget ends (`over_budget`: nothing measured)
             driver.run([winner], lambda st: early_stop_reason(st, t_base, math.inf)
                        or budget_stop_reason(st, allowance, step_s))
-        t_win, st = _measured(winner, cfg)["time_to_target"], _status(winner)
+        t_win, st = _measured(winner, cfg)["time_to_target"], trial_status(winner)
         cut = t_win is None and (not started or st["stop_code"] == BUDGET_CODE)
         if cut:
             cut_name = winner.name
@@ -216,6 +220,7 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
         journal.log("spending", **rounds[-1]["plan"])
     decision = _decision(cfg, base, family, plan, preds, ev, c, cut=cut_name)
     if cut_name is not None:
+        decision["next_set"] = {"profile.probe_budget": math.ceil(enough * 10) / 10}
         decision["next"] = (f"re-run the same command with a larger profile.probe_budget, "
                             f"at least {math.ceil(enough * 10) / 10:g} (what lets this "
                             f"confirmation alone run to the baseline's time; longer probes "
@@ -237,8 +242,11 @@ def _predictions(cfg: Config, base: Trial, base_probe: Trial, cands: list[Trial]
         out[t.name] = predict(curves, curve_of(run, metric), step_increments(run),
                               base_steps=step_increments(b_run), margin=cfg.profile.margin)
         out[t.name].update(kind=t.kind, sequences_per_step=t.sequences_per_step,
-                           lr=t.config.actor_lr, samples=_status(t)["samples"])
-    return out
+                           lr=t.config.actor_lr, samples=trial_status(t)["samples"])
+    alone = BaselineCurves([curve_of(b_run, metric)] * 2, [measured["samples_to_target"]])
+    copy = predict(alone, curve_of(p_run, metric), step_increments(p_run),
+                   base_steps=step_increments(b_run), margin=cfg.profile.margin)
+    return across_probes(out, {base_probe.name: copy}, margin=cfg.profile.margin)
 
 
 def _round(plan: Plan, preds: dict, limits: dict, measured: dict | None = None,
@@ -299,15 +307,15 @@ def _grid_cost(trials: list[dict], preds: dict, base_time: float | None) -> floa
 def _write(cfg: Config, out: Path, driver: Driver, decode: dict, decision: dict | None,
            problem: str | None, rounds: list[dict], preds: dict, base: Trial | None = None
            ) -> dict:
-    trials = [_status(t) for t in driver.all]
-    result = _analyze(cfg, out, base, driver.all) if base is not None else None
-    cost = _cost(trials, decode, result)
+    trials = [trial_status(t) for t in driver.all]
+    result = analyze_trials(cfg, out, base, driver.all) if base is not None else None
+    cost = profile_cost(trials, decode, result)
     grid = _grid_cost(trials, preds, cost["baseline_time_to_target_s"])
     cost.update(grid_estimate_s=grid,
                 fraction_of_grid=cost["total_s"] / grid if grid else None)
     base_times = [t["target"].get("train_s") for t in trials
                   if t["kind"] == "baseline" and t["target"].get("reached")]
-    doc = {"config": cfg.name, "strategy": "probe", "target": _target(cfg).as_dict(),
+    doc = {"config": cfg.name, "strategy": "probe", "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
            "predictions": preds, "rounds": rounds, "cost": cost, "analysis": result,
            "baseline_times": base_times,

@@ -73,7 +73,7 @@ class Journal:
         return read_jsonl(self.path)[0]
 
 
-def _status(trial: Trial) -> dict:
+def trial_status(trial: Trial) -> dict:
     d = trial.run_dir()
     summary = read_json(d / "summary.json")
     steps = read_jsonl(d / "steps.jsonl")[0]
@@ -92,7 +92,7 @@ def _status(trial: Trial) -> dict:
 def _finished(trial: Trial) -> bool:
     """Ended for good. A `stopped` trial whose STOP file was removed is not: its process
     continues it (a probe being extended, profile/probing.py)."""
-    return ended_for_good(trial.run_dir(), _status(trial)["status"])
+    return ended_for_good(trial.run_dir(), trial_status(trial)["status"])
 
 
 class Driver:
@@ -120,7 +120,7 @@ class Driver:
             while pending and self.ex.capacity() > 0:
                 self._submit(pending.pop(0))
             for fin in self.ex.poll():
-                st = _status(by_name[fin.name])
+                st = trial_status(by_name[fin.name])
                 self.journal.log("finished", trial=fin.name, returncode=fin.returncode,
                                  status=st["status"], stop_reason=st["stop_reason"],
                                  failure=st["failure"])
@@ -132,15 +132,15 @@ class Driver:
                     raise UserError(f"trial {fin.name} ended but {st['run_dir']} is not a "
                                     f"finished run (status {st['status']}); see {fin.log}")
             for name in self.ex.running():
-                st = _status(by_name[name])
+                st = trial_status(by_name[name])
                 reason = stopper(st) if stopper else None
                 stop = Path(st["run_dir"]) / STOP_FILE
                 if reason and not stop.exists():
                     atomic_write_text(stop, reason)
                     self.journal.log("stop_requested", trial=name, reason=reason)
-            self.progress([_status(t) for t in self.all])
+            self.progress([trial_status(t) for t in self.all])
             time.sleep(self.poll_s)
-        self.progress([_status(t) for t in self.all])
+        self.progress([trial_status(t) for t in self.all])
 
     def _submit(self, t: Trial) -> None:
         cfg_path = self.out / "trials" / f"{t.name}.yaml"
@@ -206,11 +206,11 @@ def _sweep(cfg: Config, key: dict, wanted: list[int]) -> dict:
     return {"key": key, "chosen": chosen, "sweep": result, "seconds": time.perf_counter() - t0}
 
 
-def _target(cfg: Config) -> Target:
+def target_of(cfg: Config) -> Target:
     return Target(cfg.target.metric, cfg.target.value, gain=cfg.target.gain)
 
 
-def _baseline_evidence(base: list[Trial], cfg: Config) -> dict:
+def baseline_evidence(base: list[Trial], cfg: Config) -> dict:
     """N* and T of the baseline's runs from their logs: median T, largest N*, and the fewest
     evaluations before a crossing; `problem` when they cannot anchor a comparison."""
     from rlbatch.analysis.crossing import run_result
@@ -219,7 +219,7 @@ def _baseline_evidence(base: list[Trial], cfg: Config) -> dict:
 
     frames = frames_from_runs([read_run(t.run_dir()) for t in base])
     res = [run_result(frames.run_steps(str(t.run_dir())), frames.run_evals(str(t.run_dir())),
-                      _target(cfg)) for t in base]
+                      target_of(cfg)) for t in base]
     crossed = [r for r in res if not r["censored"]]
     out = {"runs": len(res), "reached": len(crossed), "problem": None}
     if any(r["too_easy"] for r in res):
@@ -238,13 +238,48 @@ def _baseline_evidence(base: list[Trial], cfg: Config) -> dict:
                evaluations_before_target=evals)
     need = cfg.profile.min_evaluations
     if evals < need:
-        every = max(1, int(out["median_nstar"] // need))
-        raise UserError(
-            f"eval.every_samples: the baseline's N* (median {out['median_nstar']:,.0f} samples) "
-            f"was resolved by only {evals} evaluations (every {cfg.eval.every_samples:,} "
-            f"samples); at least {need} are needed (profile.min_evaluations): set "
-            f"eval.every_samples <= {every:,} (e.g. --set eval.every_samples={every}) and re-run")
+        # every seed, the earliest-crossing one included, gets `need` evaluations before N*
+        out["dense_every"] = max(1, int(nstars[0] // (need + 1)))
     return out
+
+
+def require_evaluations(ev: dict, cfg: Config) -> None:
+    """Refuse a baseline whose N* was resolved by fewer than profile.min_evaluations
+    evaluations, naming the cadence that resolves every seed's (`dense_every`)."""
+    if ev.get("dense_every") is None:
+        return
+    every, need = ev["dense_every"], cfg.profile.min_evaluations
+    raise UserError(
+        f"eval.every_samples: the baseline's N* (median {ev['median_nstar']:,.0f} samples, "
+        f"earliest {every * (need + 1):,.0f}) was resolved by only "
+        f"{ev['evaluations_before_target']} evaluations (every {cfg.eval.every_samples:,} "
+        f"samples); at least {need} are needed (profile.min_evaluations): set "
+        f"eval.every_samples <= {every:,} (e.g. --set eval.every_samples={every}) and re-run")
+
+
+def denser_baseline(cfg: Config, runs: Path, c: int, seeds: list[int], ev: dict,
+                    driver: Driver, journal: Journal) -> tuple[list[Trial], dict] | None:
+    """When the baseline's N* was resolved by too few evaluations: the same baseline seeds
+    again at the cadence that resolves them (`dense_every`, at least one step). Evaluation
+    does not touch training (its sampling is keyed apart from the rollouts'), so these runs
+    learn exactly as the first ones did and cross where they did, now seen finely. None when
+    the first cadence was enough; a UserError when even one evaluation per step is not."""
+    if ev.get("dense_every") is None:
+        return None
+    step = baseline_prompts(cfg) * cfg.batch.samples_per_prompt
+    if ev["dense_every"] < step or cfg.eval.every_samples <= step:
+        raise UserError(
+            f"target.gain: the baseline reached the target within "
+            f"{ev['dense_every'] * (cfg.profile.min_evaluations + 1):,.0f} samples, fewer than "
+            f"profile.min_evaluations ({cfg.profile.min_evaluations}) evaluations even at one "
+            f"per step ({step:,} samples): raise the target")
+    every = ev["dense_every"] // step * step
+    base = plan_trials(cfg, runs, c, seeds, kinds=("baseline",), baseline_eval_every=every)
+    journal.log("baseline_reevaluated", eval_every=every,
+                evaluations_before_target=ev["evaluations_before_target"],
+                trials=[t.name for t in base])
+    driver.run(base)
+    return base, baseline_evidence(base, cfg)
 
 
 def candidate_eval_every(cfg: Config, median_nstar: float) -> int:
@@ -283,9 +318,13 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     # than one seed of it (its median T, its largest N*), at no extra cost
     base = plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",))
     driver.run(base)
-    ev = _baseline_evidence(base, cfg)
+    ev = baseline_evidence(base, cfg)
     if ev["problem"]:
         return _finish(cfg, out, driver, decode, None, ev["problem"])
+    sparse = []
+    if (dense := denser_baseline(cfg, runs, c, seeds + extra, ev, driver, journal)):
+        sparse, (base, ev) = base, dense
+        require_evaluations(ev, cfg)
     every = candidate_eval_every(cfg, ev["median_nstar"])
     journal.log("baseline_measured", median_time=ev["median_time"],
                 max_nstar=ev["max_nstar"], candidate_eval_every=every)
@@ -294,7 +333,8 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     stopper = ((lambda st: early_stop_reason(st, ev["median_time"], limit))
                if prof.early_stop else None)
     driver.run(cands, stopper)
-    result = _analyze(cfg, out, base[0], driver.all)
+    decided = [t for t in driver.all if t not in sparse]  # the sparse baseline is superseded
+    result = analyze_trials(cfg, out, base[0], decided)
     chosen = challenger(result) if extra else None
     winner = next((t for t in cands if _config_id(result, t) == chosen), None)
     if winner is not None:
@@ -303,15 +343,15 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
                    if t.prompts_per_step == winner.prompts_per_step]
         journal.log("confirming", challenger=chosen, trials=[t.name for t in confirm])
         driver.run(confirm, stopper)
-        result = _analyze(cfg, out, base[0], driver.all)
+        result = analyze_trials(cfg, out, base[0], [t for t in driver.all if t not in sparse])
     return _finish(cfg, out, driver, decode, result, result.get("problem"))
 
 
-def _analyze(cfg: Config, out: Path, reference: Trial, trials: list[Trial]) -> dict:
+def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial]) -> dict:
     """The analysis of this profile's own trials: runs that earlier attempts with other
     settings left in the same folder are not part of its decision."""
     dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()]
-    return analyze(dirs, _target(cfg), reference_run=str(reference.run_dir()),
+    return analyze(dirs, target_of(cfg), reference_run=str(reference.run_dir()),
                    margin=cfg.profile.margin)
 
 
@@ -324,8 +364,8 @@ def _config_id(result: dict, trial: Trial) -> str | None:
 
 def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict | None,
             problem: str | None) -> dict:
-    trials = [_status(t) for t in driver.all]
-    cost = _cost(trials, decode, result)
+    trials = [trial_status(t) for t in driver.all]
+    cost = profile_cost(trials, decode, result)
     rec = (result or {}).get("recommendation")
     decision = None
     if rec:
@@ -335,7 +375,7 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
                     "samples_per_prompt": run_cfg["batch"]["samples_per_prompt"],
                     "sequences_per_step": rec["sequences_per_step"], "lr": rec["lr"],
                     "generation_concurrency": decode["chosen"], **rec}
-    doc = {"config": cfg.name, "target": _target(cfg).as_dict(),
+    doc = {"config": cfg.name, "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
            "cost": cost, "analysis": result}
     atomic_write_json(out / "profile.json", doc)
@@ -348,7 +388,7 @@ def _read_run_config(entry: dict) -> dict:
     return yaml.safe_load((run_dir / "config.yaml").read_text())
 
 
-def _cost(trials: list[dict], decode: dict, result: dict | None) -> dict:
+def profile_cost(trials: list[dict], decode: dict, result: dict | None) -> dict:
     """Training seconds of every trial (and the decode sweep), as a multiple of one baseline
     run's time to target (the baseline configuration's measured median)."""
     train = sum(read_json(Path(t["run_dir"]) / "summary.json").get("train_s") or 0.0

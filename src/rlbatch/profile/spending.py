@@ -90,9 +90,15 @@ def _ratio_ci(pred: dict | None) -> tuple[float | None, float | None]:
     return lo, hi
 
 
-def _usable(pred: dict | None) -> bool:
+def _point(pred: dict | None) -> bool:
+    """A point prediction of the time ratio exists."""
     return (pred is not None and pred.get("problem") is None
-            and None not in _ratio_ci(pred))
+            and pred.get("time_ratio") is not None)
+
+
+def _usable(pred: dict | None) -> bool:
+    """A point prediction and its interval exist."""
+    return _point(pred) and None not in _ratio_ci(pred)
 
 
 EXTEND_RULES = ("promising", "undecided")
@@ -130,7 +136,7 @@ def plan_next(cands: list[Candidate], *, cap: int, growth: float = 2.0,
         if _usable(pred) and verdict == "aligned" and hi < 1.0:
             winners.append(c)
             continue
-        hopeless = (extend == "promising" and _usable(pred)
+        hopeless = (extend == "promising" and _point(pred)
                     and pred.get("time_ratio", 1.0) >= 1.0)
         if c.samples < cap and not hopeless:
             longer[c.config] = int(min(cap, max(c.samples + 1, c.samples * growth)))
@@ -140,7 +146,7 @@ def plan_next(cands: list[Candidate], *, cap: int, growth: float = 2.0,
         return Plan(extend=longer, drop=drop, open=open_)
     if not winners:  # nothing settled below 1: measure the most promising open one
         by_name = {c.config: c for c in cands}
-        winners = [by_name[n] for n in open_ if _usable(by_name[n].prediction)
+        winners = [by_name[n] for n in open_ if _point(by_name[n].prediction)
                    and by_name[n].prediction.get("time_ratio", 1.0) < 1.0]
     if not winners:
         return Plan(drop=drop, open=open_, outcome="keep_baseline")

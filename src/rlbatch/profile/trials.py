@@ -71,9 +71,12 @@ def trial_config(cfg: Config, *, prompts: int, seed: int, rule: str, concurrency
 
 def plan_trials(cfg: Config, runs_dir: Path, concurrency: int, seeds: list[int],
                 kinds: tuple[str, ...] = ("baseline", "sqrt", "control"),
-                eval_every: int | None = None) -> list[Trial]:
+                eval_every: int | None = None,
+                baseline_eval_every: int | None = None) -> list[Trial]:
     """Trials for the given seeds, baseline first, then candidates by increasing B.
-    `eval_every` replaces the evaluation interval of the candidates (not the baseline)."""
+    `eval_every` replaces the evaluation interval of the candidates, `baseline_eval_every`
+    that of the baseline (its trials are then named with an `-e<samples>` suffix: they are
+    other runs than the baseline at the configured cadence)."""
     p0 = baseline_prompts(cfg)
     prof = cfg.profile
     ckpt = cfg.checkpoint.every_samples or cfg.eval.every_samples
@@ -87,9 +90,10 @@ def plan_trials(cfg: Config, runs_dir: Path, concurrency: int, seeds: list[int],
     trials = []
     for kind, p, rule in specs:
         for seed in seeds:
+            every = baseline_eval_every if kind == "baseline" else eval_every
             tc = trial_config(cfg, prompts=p, seed=seed, rule=rule, concurrency=concurrency,
-                              runs_dir=runs_dir, checkpoint_every=ckpt,
-                              eval_every=None if kind == "baseline" else eval_every)
+                              runs_dir=runs_dir, checkpoint_every=ckpt, eval_every=every)
             label = {"baseline": "base", "sqrt": "sqrt", "control": "fixed-lr"}[kind]
-            trials.append(Trial(f"{label}-P{p}-s{seed}", kind, p, seed, tc))
+            suffix = f"-e{every}" if kind == "baseline" and every is not None else ""
+            trials.append(Trial(f"{label}-P{p}-s{seed}{suffix}", kind, p, seed, tc))
     return trials

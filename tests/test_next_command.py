@@ -1,0 +1,42 @@
+"""The command a profile prints to continue itself: the same arguments, the same folder."""
+
+from __future__ import annotations
+
+import shlex
+
+from rlbatch.analysis.selection import next_seeds
+from rlbatch.cli.profile_cmds import continue_command
+
+
+def test_continue_command_keeps_every_setting_and_names_the_folder():
+    argv = ["profile", "--preset", "quick", "--set", "eval.every_samples=256",
+            "--batches", "8,32", "--seeds", "2", "--out", "p/q"]
+    cmd = continue_command(argv, "p/q", seeds=4)
+    assert shlex.split(cmd) == ["rlbatch", "profile", "--preset", "quick", "--set",
+                                "eval.every_samples=256", "--batches", "8,32", "--seeds", "4",
+                                "--out", "p/q"]
+
+
+def test_continue_command_with_equals_forms_and_a_default_folder():
+    argv = ["profile", "my config.yaml", "--seeds=3", "--out=old", "--json"]
+    cmd = continue_command(argv, "old", sets={"profile.probe_budget": 2.7})
+    assert shlex.split(cmd) == ["rlbatch", "profile", "my config.yaml", "--json", "--set",
+                                "profile.probe_budget=2.7", "--out", "old"]
+    # the folder the profile chose is made explicit, so the command works from anywhere
+    assert shlex.split(continue_command(["profile"], "profiles/quick")) == \
+        ["rlbatch", "profile", "--out", "profiles/quick"]
+
+
+def _plan(need, ratio, detect):
+    return {"sequences_per_step": 256, "seeds_per_side_needed": need, "time_ratio": ratio,
+            "detectable_time_ratio": detect}
+
+
+def test_next_seeds_follows_the_plan():
+    ref = {"seeds": 2}
+    assert next_seeds([], ref) is None
+    assert next_seeds([_plan(6, 0.7, 0.5), _plan(4, 0.6, 0.5)], ref) == 6
+    # nothing resolvable: more seeds would not settle it
+    assert next_seeds([_plan(None, 0.99, 0.6)], ref) is None
+    # no estimate of the spread yet: one more seed than the reference has
+    assert next_seeds([_plan(None, None, None)], ref) == 3
