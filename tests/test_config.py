@@ -216,3 +216,17 @@ def test_noise_scale_needs_two_micro_batches_in_the_critic_minibatch_as_well():
     ok = load_config(preset="ppo-tiny", overrides=[*sets[:1], "batch.micro_batch_sequences=16",
                                                    "critic.minibatches_per_step=4"])
     assert ok.micro_batch_sequences == 16
+
+
+def test_config_check_lists_every_error_and_other_commands_give_one_line(tmp_path, capsys):
+    path = tmp_path / "two.yaml"
+    path.write_text("extends: grpo-tiny\nbatch:\n  prompts_per_step: -3\n"
+                    "  samples_per_prompt: abc\n")
+    code, _, err = run_cli(["config", "check", str(path)], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 2, err
+    assert "two.yaml:3: batch.prompts_per_step" in lines[0]
+    assert "two.yaml:4: batch.samples_per_prompt" in lines[1]
+    code, _, err = run_cli(["config", "show", str(path)], capsys)
+    _assert_one_line_error(code, err, "two.yaml:3: batch.prompts_per_step")
+    assert "(+1 more; `rlbatch config check` lists them)" in err

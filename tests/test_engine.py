@@ -22,6 +22,7 @@ from rlbatch.rollout.decode_bench import (
     ModelShape,
     max_concurrency_in_budget,
     plateau_concurrency,
+    plateau_reached,
     sweep_concurrency,
 )
 from rlbatch.rollout.engine import SamplingParams, keyed_uniforms, response_keys, sample_next
@@ -358,6 +359,10 @@ def test_budget_and_plateau_rules():
     assert plateau_concurrency(rows) == 2  # 94.9 >= 0.95 * 97
     rows[1]["tokens_per_s"] = 90.0
     assert plateau_concurrency(rows) == 8
+    # the largest C tried is the best: throughput was still rising, no plateau was reached
+    assert not plateau_reached(rows)
+    rows[3]["tokens_per_s"] = 89.0  # C = 2 (90) is now within 5% of the best, C = 8 gains less
+    assert plateau_concurrency(rows) == 2 and plateau_reached(rows)
     assert plateau_concurrency([]) is None
 
 

@@ -74,7 +74,37 @@ def _decision_data(doc: dict, profile: dict | None, configs: dict | None) -> dic
         "evidence": rec.get("evidence"), "next": rec.get("next"), "seeds": rec.get("seeds"),
         "compared": [labels[c["config"]] + f" ({c['seeds']} seeds)"
                      for c in rec.get("compared") or []],
+        "against": against(rec, entries, labels),
     }
+
+
+def against(rec: dict, entries: dict, labels: dict) -> list[str]:
+    """Per compared candidate that is not the choice: why the choice was preferred, in words."""
+    rejected = {r["config"]: r["why"] for r in rec.get("rejected") or []}
+    shown = set(rec.get("shown_faster") or [])
+    out = []
+    for c in rec.get("compared") or []:
+        name = c["config"]
+        if name == rec["config"]:
+            continue
+        vs = entries[name].get("vs_reference") or {}
+        t, ci, p = vs.get("time_ratio"), vs.get("time_ratio_ci") or [None, None], \
+            vs.get("p_faster")
+        ratio = (f"T ratio {_fmt(t)} [{_fmt(ci[0])}, {_fmt(ci[1])}], P(faster) {_fmt(p)}"
+                 if t is not None else "no T ratio")
+        if name in rejected:
+            why = rejected[name]
+        elif name in shown:
+            why = f"shown faster than the reference, but slower than the choice ({ratio})"
+        else:
+            why = (f"its advantage over the reference is not shown at one-sided "
+                   f"{rec.get('alpha', 0.05):.0%} with Holm over the candidates ({ratio})")
+        out.append(f"{labels[name]}: {why}")
+    return out
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
 
 
 def configs_table(doc: dict) -> list[dict]:

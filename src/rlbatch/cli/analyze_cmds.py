@@ -93,11 +93,12 @@ def analyze(
                    "config target"),
     reference: str | None = typer.Option(None, help="run directory of the reference "
                                                        "configuration (default: B == B0)"),
-    margin: float = typer.Option(math.log(1.15),
-                                 help="equivalence margin m on log(N* ratio); log(1.15)"),
-    ci: float = typer.Option(0.90, help="bootstrap interval level"),
-    bootstrap: int = typer.Option(2000, help="bootstrap resamples"),
-    seed: int = typer.Option(0, help="bootstrap seed"),
+    margin: float = typer.Option(math.log(1.15), show_default=False,
+                                 help="margin m on log(N* ratio) [default: log(1.15) = 0.140]"),
+    ci: float = typer.Option(0.90, help="level of the two-sided intervals across seeds"),
+    bootstrap: int = typer.Option(2000, help="bootstrap resamples of the invariance curves' "
+                                  "bands"),
+    seed: int = typer.Option(0, help="seed of that bootstrap"),
     smooth: int = typer.Option(1, help="trailing mean over this many evaluations (1 = none)"),
     probes: str | None = typer.Option(
         None, help="probe profile directory (`rlbatch profile --strategy probe`): set its "

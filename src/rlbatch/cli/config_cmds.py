@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 import yaml
 from rich.console import Console
@@ -9,7 +11,7 @@ from rich.table import Table
 
 from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
 from rlbatch.core.config import LR_EXPONENTS, scaled_lr
-from rlbatch.core.errors import ConfigError
+from rlbatch.core.errors import EXIT_USAGE, ConfigError
 from rlbatch.core.loading import preset_names
 
 config_app = typer.Typer(help="Resolve and validate configurations.", no_args_is_help=True)
@@ -36,8 +38,14 @@ def check(
     preset: str | None = PresetOption,
     set_: list[str] | None = SetOption,
 ) -> None:
-    """Validate a config; exit 2 with one line naming the field and file:line if it is bad."""
-    cfg = resolve(config, preset, set_)
+    """Validate a config; if it is bad, exit 2 with one line per error, each naming its field
+    and file:line."""
+    try:
+        cfg = resolve(config, preset, set_)
+    except ConfigError as exc:
+        for line in getattr(exc, "all_errors", None) or [str(exc)]:
+            print(f"error: {line}", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE)
     print(f"ok: {cfg.algorithm} P={cfg.batch.prompts_per_step} G={cfg.batch.samples_per_prompt} "
           f"B={cfg.sequences_per_step} sequences, lr={cfg.actor_lr:.4g}")
 
@@ -54,7 +62,7 @@ def lr_scale(
     reference_lr: float = typer.Option(..., help="eta0: learning rate at B0"),
     sequences: str = typer.Option(..., help="comma-separated candidate B values"),
     rule: str = typer.Option("sqrt", help="sqrt | linear | none"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="print the table as JSON"),
 ) -> None:
     """Table of learning rates eta(B) = eta0 * (B/B0)^p (p = 1/2, 1, 0 for sqrt, linear, none)."""
     if rule not in LR_EXPONENTS:

@@ -100,8 +100,14 @@ def summary_lines(result: dict) -> list[str]:
     budget = result["memory_budget_bytes"]
     cmax = result["max_concurrency_in_budget"]
     best = result["best_tokens_per_s"]
-    plateau = (f"plateau: C = {result['plateau_concurrency']} (smallest C within 5% of the "
-               f"best, {best:,.0f} tokens/s)" if best else "plateau: none (no C measured)")
+    if not best:
+        plateau = "plateau: none (no C measured)"
+    elif result.get("plateau_reached", True):
+        plateau = (f"plateau: C = {result['plateau_concurrency']} (smallest C within 5% of the "
+                   f"best, {best:,.0f} tokens/s)")
+    else:
+        plateau = (f"plateau: not reached: still rising at C = {result['plateau_concurrency']}, "
+                   f"the largest C tried ({best:,.0f} tokens/s)")
     return [
         plateau,
         f"stopped_by: {result['stopped_by']}",

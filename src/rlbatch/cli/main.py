@@ -10,9 +10,11 @@ naming its file; any other exception keeps its traceback.
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import typer
+from typer.core import TyperOption
 
 from rlbatch.core.errors import EXIT_USAGE, Terminated, UserError, output_error
 
@@ -42,7 +44,32 @@ def _register() -> None:
         module.register(app)
 
 
+def _unwrap(doc: str | None) -> str | None:
+    """A docstring as help text: paragraphs kept, the line breaks inside them joined (the
+    help renderer would otherwise keep them and break sentences at odd places)."""
+    if not doc:
+        return doc
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
+def _tidy_help(typer_app: typer.Typer) -> None:
+    for cmd in typer_app.registered_commands:
+        if cmd.help is None and cmd.callback is not None:
+            cmd.help = _unwrap(cmd.callback.__doc__)
+    for group in typer_app.registered_groups:
+        _tidy_help(group.typer_instance)
+
+
+def _flag_type(self, ctx):
+    """No `<bool>` beside a flag in help: a flag takes no value."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+_option_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type
 _register()
+_tidy_help(app)
 
 
 def main(argv: list[str] | None = None) -> None:

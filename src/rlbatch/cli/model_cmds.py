@@ -19,7 +19,8 @@ def build(
     digits: int = typer.Option(None, help="difficulty (default 3 for addition, 6 for reverse, "
                                 "1 digit per item for runsum)"),
     force: bool = typer.Option(False, "--force", help="rebuild even if cached"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="print the model's path and build "
+                                 "record as JSON"),
     random: bool = typer.Option(False, "--random", help="a randomly initialized Llama for "
                                 "throughput figures only (no SFT, no download)"),
     size: str = typer.Option(None, help="with --random: tiny | 0.5b (default tiny)"),

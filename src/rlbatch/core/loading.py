@@ -203,12 +203,21 @@ def validate_config(data: dict, origins: Origins | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, origins)) from None
+        err = ConfigError(_describe(exc, origins))
+        err.all_errors = [str(ConfigError(_one(e, origins))) for e in exc.errors()]
+        raise err from None
 
 
 def _describe(exc: ValidationError, origins: Origins) -> str:
+    """The first error in one line, and how many more there are."""
     errors = exc.errors()
-    first = errors[0]
+    more = f" (+{len(errors) - 1} more; `rlbatch config check` lists them)" \
+        if len(errors) > 1 else ""
+    return _one(errors[0], origins) + more
+
+
+def _one(first: dict, origins: Origins) -> str:
+    """One validation error in one line, naming its field and where it was set."""
     loc = tuple(str(x) for x in first["loc"])
     where = _origin(loc, origins)
     field = ".".join(loc) if loc else "config"
@@ -230,8 +239,7 @@ def _describe(exc: ValidationError, origins: Origins) -> str:
         # `--set a.b: a.b: ...` would name the field twice
         named = "" if where == f"--set {field}" else f"{field}: "
         message = f"{named}{first['msg']}{shown}"
-    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    text = f"{where}: {message}{more}" if where else f"{message}{more}"
+    text = f"{where}: {message}" if where else message
     return " ".join(text.split())
 
 

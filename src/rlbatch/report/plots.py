@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 
+from rlbatch.analysis import selection
+
 VERDICT_MARKERS = {"reference": "*", "aligned": "o", "departed": "X", "inconclusive": "s",
                    "unconfirmed": "d", "slower": "v", "too_easy": "P"}
 VERDICT_COLORS = (("aligned", "tab:blue"), ("departed", "tab:red"), ("inconclusive", "tab:gray"),
@@ -21,6 +23,7 @@ PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "actor": "#54a24b",
 X_LABELS = {"samples": "cumulative samples (retained responses)",
             "train_s": "training seconds (evaluation excluded)"}
 DPI = 100
+REJECTED = tuple(v for v in selection.REJECTED if v != "reference")
 
 
 def _t(text) -> str:
@@ -103,8 +106,8 @@ def scaling(d: dict):
     _scaling_panel(a1, d, "samples_to_target", "N* (samples to target)")
     _scaling_panel(a2, d, "time_to_target", "T (training seconds to target)")
     a1.legend(fontsize=7)
-    note = ("markers: * reference, o aligned, X departed, s inconclusive, d unconfirmed, "
-            "v slower, ^ censored (> bound)")
+    note = ("markers: star reference, circle aligned, cross departed, square inconclusive, "
+            "diamond unconfirmed, down-triangle slower, up-triangle censored (> bound)")
     if d.get("b_crit_mccandlish"):
         note += f"; McCandlish B_crit {d['b_crit_mccandlish']:.4g}"
     fig.suptitle(note, fontsize=8)
@@ -122,13 +125,16 @@ def decision_rule(d: dict):
                     label="faster than the reference (above y = x)")
     for verdict, color in VERDICT_COLORS:
         pts = [p for p in d["points"] if p["verdict"] == verdict]
+        out = verdict in REJECTED  # hollow, and said in the key and beside the point
         for i, p in enumerate(pts):
             ax.errorbar(p["samples_ratio"], p["throughput_ratio"],
                         xerr=_yerr(p["samples_ratio"], p["samples_ratio_ci"]),
                         yerr=_yerr(p["throughput_ratio"], p["throughput_ratio_ci"]),
                         fmt=VERDICT_MARKERS[verdict], color=color, ms=8, capsize=3,
-                        label=verdict if i == 0 else None)
-            ax.annotate(_t(p["label"]), (p["samples_ratio"], p["throughput_ratio"]),
+                        mfc="white" if out else color,
+                        label=(f"{verdict}: rejected" if out else verdict) if i == 0 else None)
+            ax.annotate(_t(p["label"] + (" (rejected)" if out else "")),
+                        (p["samples_ratio"], p["throughput_ratio"]),
                         textcoords="offset points", xytext=(6, 6), fontsize=7)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)

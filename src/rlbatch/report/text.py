@@ -77,7 +77,8 @@ def decision_lines(d: dict) -> list[str]:
         return [f"No recommendation: {d['reason']}."]
     t = d["target"]
     level = f"{d['ci']:.0%}"
-    lines = [(f"Recommended: P = {num(d['prompts_per_step'])} prompts x G = "
+    head = "Kept: the baseline," if d["is_reference"] else "Recommended:"
+    lines = [(f"{head} P = {num(d['prompts_per_step'])} prompts x G = "
               f"{num(d['samples_per_prompt'])} samples per prompt (B = "
               f"{num(d['sequences_per_step'])}), LR = {num(d['lr'], '.3g')}, decode "
               f"concurrency C = {num(d['generation_concurrency'])} ({d['label']})."),
@@ -89,6 +90,7 @@ def decision_lines(d: dict) -> list[str]:
            "not_enough": "no candidate's advantage is shown yet"}
     lines.append(f"Evidence: {d.get('evidence')} ({why.get(d.get('evidence'), '-')}); "
                  f"compared: {', '.join(d.get('compared') or []) or 'none with 2 seeds'}.")
+    lines += [f"Against {x}." for x in d.get("against") or []]
     if d.get("next"):
         lines.append(f"Next: {d['next']}.")
     if d["is_reference"]:
@@ -171,8 +173,9 @@ def figure_extra(key: str, fig: dict | list) -> str:
         if fig["source"] == "training_steps":
             return ("From the training steps' rollout/tokens_per_s (no decode sweep: no "
                     "roofline, plateau or memory limit).")
-        return (f"Engine {fig['engine']} on {fig['device']}; sweep stopped by "
-                f"{fig['stopped_by']}.")
+        ended = ("it ran every C given" if fig["stopped_by"] == "completed" else
+                 f"it was stopped by {fig['stopped_by'].replace('_', ' ')}")
+        return f"Engine {fig['engine']} on {fig['device']}; {ended}."
     return ""
 
 

@@ -147,6 +147,14 @@ def plateau_concurrency(rows: list[dict], tolerance: float = PLATEAU_TOLERANCE) 
     return min(r["concurrency"] for r in ok if r["tokens_per_s"] >= (1 - tolerance) * best)
 
 
+def plateau_reached(rows: list[dict], tolerance: float = PLATEAU_TOLERANCE) -> bool:
+    """Whether throughput levelled off inside the range tried: a larger C than the plateau's
+    was measured (within the latency cap) and gained less than `tolerance`."""
+    c = plateau_concurrency(rows, tolerance)
+    ok = [r["concurrency"] for r in rows if r.get("within_latency_cap", True)]
+    return c is not None and c < max(ok)
+
+
 def roofline_row(shape: ModelShape, c: int, ctx: float, tokens_per_s: float,
                  peak_flops: float, bandwidth: float) -> dict:
     """Arithmetic intensity of one decode step at concurrency c and the achieved fraction of
@@ -284,7 +292,8 @@ def sweep_concurrency(engine, shape: ModelShape, vocab_ids: torch.Tensor, spec: 
             stopped_by = "latency_cap"
             break
     return {"kv_bytes_per_sequence": kv_seq, "max_concurrency_in_budget": c_max, "rows": rows,
-            "plateau_concurrency": plateau_concurrency(rows), "stopped_by": stopped_by}
+            "plateau_concurrency": plateau_concurrency(rows),
+            "plateau_reached": plateau_reached(rows), "stopped_by": stopped_by}
 
 
 # ---- model-level entry point ----
