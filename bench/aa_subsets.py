@@ -6,6 +6,7 @@ seeds against every k-subset of the second (one fixed split, so the rates carry 
 luck); `disjoint`: random pairs of disjoint k-subsets of all the seeds.
 
   python bench/aa_subsets.py study-runs/aa-quick --target eval/accuracy=+0.15 --sizes 2,3
+  python bench/aa_subsets.py study-runs/aa-long --target eval/accuracy=+0.05 --statistic stretch
 
 Prints, per k, how often the N*, q and T ratio intervals exclude 1, how often the copy is
 `departed` or recommended, and the spread of N* over all seeds; last, one JSON line.
@@ -21,9 +22,9 @@ import sys
 
 import numpy as np
 
-from rlbatch.analysis import selection
+from rlbatch.analysis import registration, selection
 from rlbatch.analysis.analyze import group_configs, judge
-from rlbatch.analysis.crossing import parse_target, per_run_records
+from rlbatch.analysis.crossing import metric_curve, parse_target, per_run_records
 from rlbatch.analysis.invariance import DEFAULT_MARGIN
 from rlbatch.analysis.runs import load_runs
 
@@ -47,12 +48,18 @@ def disjoint_pairs(runs: list[dict], k: int, draws: int, seed: int):
         yield [runs[i] for i in pick[:k]], [runs[i] for i in pick[k:]]
 
 
-def subsets(pairs, k: int, meta: dict, margin: float, ci: float) -> dict:
+def subsets(pairs, k: int, meta: dict, margin: float, ci: float,
+            curves: dict | None = None) -> dict:
+    """The rates over `pairs`; with `curves` (run -> its curve), each pair's N* and T are the
+    registration's (--statistic stretch), fitted on that pair's runs alone, as
+    `rlbatch analyze` fits them on the runs it is given."""
     counts = {name: 0 for name, _ in RATIOS} | {"departed": 0, "recommended": 0, "any": 0}
-    total = 0
+    total, widths = 0, []
     for sa, sb in pairs:
         groups = [{**meta, "config": "A", "runs": list(sa)},
                   {**meta, "config": "B", "runs": list(sb)}]
+        if curves is not None:
+            groups = registration.stretched_groups(groups, curves, "A")
         entries, _, _ = judge(groups, "A", margin, ci)
         copy = next(e for e in entries if e["config"] == "B")
         rec = selection.recommend(entries, "A")
@@ -63,11 +70,15 @@ def subsets(pairs, k: int, meta: dict, margin: float, ci: float) -> dict:
             out = (lo is not None and lo > 1) or (hi is not None and hi < 1)
             counts[name] += out
             hit |= out and name != "q ratio"
+        lo, hi = vs["samples_ratio_ci"]
+        if lo and hi:
+            widths.append(hi / lo)
         counts["departed"] += copy["verdict"] == "departed"
         counts["recommended"] += rec is not None and rec["config"] == "B"
         counts["any"] += hit or copy["verdict"] == "departed"
         total += 1
-    return {"k": k, "subsets": total, **{n: c / total for n, c in counts.items()}}
+    return {"k": k, "subsets": total, **{n: c / total for n, c in counts.items()},
+            "nstar_ratio_width": float(np.median(widths)) if widths else None}
 
 
 def main() -> int:
@@ -79,9 +90,14 @@ def main() -> int:
     ap.add_argument("--ci", type=float, default=0.90)
     ap.add_argument("--draws", type=int, default=3000,
                     help="random disjoint subset pairs of all seeds, per size")
+    ap.add_argument("--statistic", default="crossing", choices=("crossing", "stretch"),
+                    help="a run's N*, as `rlbatch analyze --statistic`")
     args = ap.parse_args()
     frames = load_runs(args.runs)
-    records = per_run_records(frames, parse_target(args.target))
+    target = parse_target(args.target)
+    records = per_run_records(frames, target)
+    curves = None if args.statistic == "crossing" else \
+        {r["run"]: metric_curve(frames.run_evals(r["run"]), target.metric) for r in records}
     groups = group_configs(records)
     if len(groups) != 1:
         print(f"error: expected runs of one configuration, found {len(groups)}",
@@ -102,17 +118,18 @@ def main() -> int:
     rows = []
     for k in map(int, args.sizes.split(",")):
         rows.append({"pairs": "halves", **subsets(split_pairs(runs, k), k, meta, args.margin,
-                                                   args.ci)})
+                                                   args.ci, curves)})
         rows.append({"pairs": "disjoint", **subsets(disjoint_pairs(runs, k, args.draws, k),
-                                                     k, meta, args.margin, args.ci)})
+                                                     k, meta, args.margin, args.ci, curves)})
     print("| subsets | seeds per side | count | N* ratio excludes 1 | q ratio excludes 1 | "
-          "T ratio excludes 1 | N* or T excludes 1, or departed | departed | copy recommended |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "T ratio excludes 1 | N* or T excludes 1, or departed | departed | copy recommended "
+          "| median N* ratio interval width (hi / lo) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['pairs']} | {r['k']} | {r['subsets']} | {r['N* ratio']:.3f} | "
               f"{r['q ratio']:.3f} | "
               f"{r['T ratio']:.3f} | {r['any']:.3f} | {r['departed']:.3f} | "
-              f"{r['recommended']:.3f} |")
+              f"{r['recommended']:.3f} | {r['nstar_ratio_width']:.2f} |")
     print(json.dumps({"spread": spread, "subsets": rows},
                      default=lambda x: None if isinstance(x, float) and math.isnan(x) else x))
     return 0

@@ -229,3 +229,22 @@ def test_cli_subprocess_json_last_line(sweep):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert [c["sequences_per_step"] for c in doc["configs"]] == [128, 256]
+
+
+def test_cli_statistic_stretch_is_named_and_a_bad_one_refused(sweep, capsys):
+    code, out, _ = run_cli(["analyze", str(sweep), "--target", "eval/accuracy=0.5", "--json",
+                            "--bootstrap", "100", "--statistic", "stretch"], capsys)
+    assert code in (0, None)
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["settings"]["statistic"] == "stretch"
+    assert doc["recommendation"]["statistic"].startswith("stretch:")
+    base = analyze([sweep], Target(ACC, 0.5))
+    assert base["settings"]["statistic"] == "crossing"
+    assert base["recommendation"]["statistic"].startswith("crossing:")
+    # the reference keeps its geometric-mean N* (the stretch is relative to it)
+    ref = next(c for c in doc["configs"] if c["verdict"] == "reference")
+    ref0 = next(c for c in base["configs"] if c["verdict"] == "reference")
+    assert ref["samples_to_target"] == pytest.approx(ref0["samples_to_target"], rel=1e-6)
+    code, _, err = run_cli(["analyze", str(sweep), "--target", "eval/accuracy=0.5",
+                            "--statistic", "median"], capsys)
+    assert code == 2 and "--statistic must be one of crossing, stretch" in err

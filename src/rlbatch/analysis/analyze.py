@@ -23,11 +23,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlbatch.analysis import invariance, noise, selection, stats
+from rlbatch.analysis import invariance, noise, registration, selection, stats
 from rlbatch.analysis.crossing import Target, metric_curve, metric_source, per_run_records
 from rlbatch.analysis.runs import RunFrames, load_runs
 from rlbatch.core.errors import DataError, UserError
 
+STATISTICS = {"crossing": selection.STATISTIC,
+              "stretch": "stretch: N* from a stretch of the samples axis fitted to each run's "
+                         "rising curve near the target, pooled across runs (registration.py)"}
 RUN_KEYS = ("run", "run_id", "seed", "samples_to_target", "time_to_target", "censored",
             "threshold", "too_easy", "first_evaluation_samples", "evaluations_before_target",
             "last_samples", "last_train_s", "throughput", "throughput_to_target", "evaluations",
@@ -206,15 +209,25 @@ def _problem(ref: dict) -> str | None:
 
 def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | None = None,
                    margin: float = invariance.DEFAULT_MARGIN, ci: float = stats.DEFAULT_CI,
-                   n_boot: int = stats.DEFAULT_BOOT, seed: int = 0, smooth: int = 1) -> dict:
-    """Pure: frames -> the analysis document (see docs/analysis.md for every key)."""
+                   n_boot: int = stats.DEFAULT_BOOT, seed: int = 0, smooth: int = 1,
+                   statistic: str = "crossing") -> dict:
+    """Pure: frames -> the analysis document (see docs/analysis.md for every key).
+    `statistic`: what a run's N* is, its first crossing of the target or the stretch of
+    registration.py (STATISTICS)."""
     _check_settings(margin, ci, n_boot)
+    if statistic not in STATISTICS:
+        raise UserError(f"--statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
     check_metric_values(frames, target.metric)
     source = metric_source(frames, target.metric)
     records = per_run_records(frames, target, smooth)
     missing = [r["run"] for r in records if r["evaluations"] == 0]
     groups = group_configs(records)
     ref_id, why = choose_reference(groups, reference_run)
+    if statistic == "stretch":
+        rows = frames.run_evals if source == "evals" else frames.run_steps
+        groups = registration.stretched_groups(
+            groups, {r["run"]: metric_curve(rows(r["run"]), target.metric, smooth)
+                     for g in groups for r in g["runs"]}, ref_id)
     entries, comparisons, fits = judge(groups, ref_id, margin, ci)
     by_id = {g["config"]: g for g in groups}
     ref = next(e for e in entries if e["config"] == ref_id)
@@ -235,14 +248,21 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         "target": {**target.as_dict(), "thresholds": _thresholds(records)},
         "metric_source": source,
         "reference": {"config": ref_id, "why": why},
-        "settings": _settings(margin, ci, n_boot, seed, smooth),
+        "settings": {**_settings(margin, ci, n_boot, seed, smooth), "statistic": statistic},
         "configs": entries, "critical_batch": critical,
         "prediction": _predict(entries, ref, critical["mccandlish_fit"]),
-        "recommendation": selection.recommend(entries, ref_id),
+        "recommendation": _recommend(entries, ref_id, statistic),
         "fixed_lr_controls": _controls(entries, ref, fits, by_id, ci),
         "problem": _problem(ref),
         "warnings": _warnings(frames, missing, entries),
     })
+
+
+def _recommend(entries: list[dict], ref_id: str, statistic: str) -> dict | None:
+    rec = selection.recommend(entries, ref_id)
+    if rec is not None:
+        rec["statistic"] = STATISTICS[statistic]
+    return rec
 
 
 def check_metric_values(frames: RunFrames, metric: str) -> None:

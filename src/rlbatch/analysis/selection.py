@@ -44,9 +44,8 @@ RULE = ("lowest T = N*/q among configurations of the reference's LR-scaling fami
         "(P(faster) above 1 - alpha/m, Holm over the m candidates); otherwise keep the "
         "reference")
 REJECTED = ("departed", "slower", "too_easy", "reference")
-STATISTIC = ("first_crossing: N* is each run's first crossing of the target; a stretch fitted "
-             "to whole curves was wider on the recorded runs (docs/analysis.md, 'Which "
-             "statistic')")
+STATISTIC = ("crossing: N* is each run's first crossing of the target (docs/analysis.md, "
+             "'Which statistic')")
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

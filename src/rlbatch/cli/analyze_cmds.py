@@ -99,6 +99,10 @@ def analyze(
     bootstrap: int = typer.Option(2000, help="bootstrap resamples of the invariance curves' "
                                   "bands"),
     seed: int = typer.Option(0, help="seed of that bootstrap"),
+    statistic: str = typer.Option("crossing", help="a run's N*: crossing (its first crossing "
+                                  "of the target) | stretch (a stretch fitted to its rising "
+                                  "curve near the target; docs/analysis.md, 'Which "
+                                  "statistic')"),
     smooth: int = typer.Option(1, help="trailing mean over this many evaluations (1 = none)"),
     probes: str | None = typer.Option(
         None, help="probe profile directory (`rlbatch profile --strategy probe`): set its "
@@ -123,7 +127,7 @@ def analyze(
         from rlbatch.report.inputs import read_probe_profile
         probe_profile = read_probe_profile(probes)
     doc = run_analysis(list(paths), tgt, reference_run=reference, margin=margin, ci=ci,
-                       n_boot=bootstrap, seed=seed, smooth=smooth)
+                       n_boot=bootstrap, seed=seed, smooth=smooth, statistic=statistic)
     if probe_profile is not None:
         from rlbatch.analysis.probe_check import check_predictions
         doc["probe_check"] = check_predictions(doc, *probe_profile)

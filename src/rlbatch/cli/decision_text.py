@@ -48,16 +48,20 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
     why = {"established": f"its time-to-target advantage is shown at one-sided {alpha:.0%}",
            "none_faster": "no candidate can be faster than the baseline",
            "not_enough": "no candidate's advantage is shown yet"}[rec["evidence"]]
+    nstar = ("N* from a stretch fitted to each run's rising curve"
+             if str(rec.get("statistic", "")).startswith("stretch")
+             else "N* at each run's first crossing of the target")
     lines.append(f"evidence: {rec['evidence']} ({why}); geometric means across seeds, {ci} "
-                 "intervals, T = N*/q, N* at each run's first crossing of the target")
+                 f"intervals, T = N*/q, {nstar}")
     rejected = {r["config"]: r["why"] for r in rec.get("rejected") or []}
     for c in rec["compared"]:
         ce = entries[c["config"]]
         head = f"  {labels[c['config']]} ({c['seeds']} seeds, {c['verdict']})"
+        sep = ":"
         if c["config"] in rejected:
-            head += f" {rejected[c['config']]};"
+            head, sep = f"{head} {rejected[c['config']]};", ""
         if ce.get("vs_reference"):
-            lines.append(f"{head}: {ratios(ce['vs_reference'])}")
+            lines.append(f"{head}{sep} {ratios(ce['vs_reference'])}")
         else:
             lines.append(f"{head}: T {num(ce['time_to_target'])} s"
                          f"{interval(ce['time_to_target_ci'])}")

@@ -272,6 +272,10 @@ class ProfileConfig(_Strict):
                                  "interval to set)")
     margin: float = Field(math.log(1.15), gt=0,
                           description="equivalence margin on log N* ratio (log 1.15)")
+    statistic: Literal["crossing", "stretch"] = Field(
+        "crossing", description="a run's N* in the decision: its first crossing of the "
+        "target, or a stretch fitted to its rising curve near it (rlbatch analyze "
+        "--statistic; docs/analysis.md, 'Which statistic')")
     workers: int = Field(1, gt=0, le=1024)
     strategy: Literal["full", "probe"] = Field(
         "full", description="full: every candidate towards the target (early stops); probe: "

@@ -352,7 +352,7 @@ def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial]
     settings left in the same folder are not part of its decision."""
     dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()]
     return analyze(dirs, target_of(cfg), reference_run=str(reference.run_dir()),
-                   margin=cfg.profile.margin)
+                   margin=cfg.profile.margin, statistic=cfg.profile.statistic)
 
 
 def _config_id(result: dict, trial: Trial) -> str | None:
