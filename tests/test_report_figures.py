@@ -150,6 +150,11 @@ def test_config_labels_disambiguate_collisions():
     assert got == {"grpo-B8-lr0.5-aaaaaaaa": "B=8 (1x8) lr=0.5 sqrt #aaaaaa",
                    "grpo-B8-lr0.5-bbbbbbbb": "B=8 (1x8) lr=0.5 sqrt #bbbbbb",
                    "unconfigured-x": "unconfigured-x"}
+    # GRPO and PPO at the same B and LR: the algorithm tells them apart, not a hash
+    got = labels.config_labels([{**e, "algorithm": "grpo", "config": "grpo-B8-lr0.5-aaaaaaaa"},
+                                {**e, "algorithm": "ppo", "config": "ppo-B8-lr0.5-cccccccc"}])
+    assert got == {"grpo-B8-lr0.5-aaaaaaaa": "GRPO B=8 (1x8) lr=0.5 sqrt",
+                   "ppo-B8-lr0.5-cccccccc": "PPO B=8 (1x8) lr=0.5 sqrt"}
 
 
 def test_invariance_against_samples_and_seconds(sweep):

@@ -21,15 +21,19 @@ def _ratio(num, den) -> float | None:
 
 
 def config_labels(entries: list[dict]) -> dict[str, str]:
-    """Config id -> a short label `B=256 (32x8) lr=0.000141 sqrt`; labels that would
-    collide get the config id's hash appended."""
+    """Config id -> a short label `B=256 (32x8) lr=0.000141 sqrt`, led by the algorithm
+    (`PPO B=...`) when the entries mix algorithms; labels that would still collide get the
+    config id's hash appended."""
     labels = {}
+    mixed = len({e.get("algorithm") for e in entries if e.get("algorithm")}) > 1
     for e in entries:
         b = e.get("sequences_per_step")
         if b is None:
             labels[e["config"]] = str(e["config"])
             continue
         parts = [f"B={b}"]
+        if mixed and e.get("algorithm"):
+            parts.insert(0, str(e["algorithm"]).upper())
         if e.get("prompts_per_step") is not None and e.get("samples_per_prompt") is not None:
             parts.append(f"({e['prompts_per_step']}x{e['samples_per_prompt']})")
         if e.get("lr") is not None:
@@ -56,14 +60,17 @@ def target_line(doc: dict) -> float | None:
 
 def short_labels(entries: list[dict]) -> dict[str, str]:
     """Config id -> a label for 80-column tables: `B256 lr1.41e-4`, with the LR rule added
-    when it is not sqrt (`B256 lr1e-4 none`); colliding labels get the id's hash appended."""
+    when it is not sqrt (`B256 lr1e-4 none`) and the algorithm when the entries mix them
+    (`ppo B256 ...`); labels that still collide get the id's hash appended."""
     labels = {}
+    mixed = len({e.get("algorithm") for e in entries if e.get("algorithm")}) > 1
     for e in entries:
         b = e.get("sequences_per_step")
         if b is None:
             labels[e["config"]] = str(e["config"])[:24]
             continue
-        lab = f"B{b}" + ("" if e.get("lr") is None else f" lr{e['lr']:.3g}")
+        lab = (f"{e['algorithm']} " if mixed and e.get("algorithm") else "") + f"B{b}" + \
+            ("" if e.get("lr") is None else f" lr{e['lr']:.3g}")
         if e.get("lr_scaling") not in (None, "sqrt"):
             lab += f" {e['lr_scaling']}"
         labels[e["config"]] = lab
