@@ -63,14 +63,18 @@ def fuzz(n: int):
 
 # ---------------------------------------------------------------- (a) config files
 def check_config(path: Path) -> None:
-    """`config check`; when it accepts the file, `config show --json` is strict JSON."""
-    code, _, err = cli(["config", "check", str(path)])
+    """`config show --json`: one error line and exit 2, or strict JSON; `config check` agrees
+    on the exit status and lists its errors one `error:` line each."""
+    code, out, err = cli(["config", "show", str(path), "--json"])
     if code == 2 and str(path) not in err:
         event("config error names a preset line, not the file")
     if outcome(code, err, path, "preset:"):
-        code, out, err = cli(["config", "show", str(path), "--json"])
-        assert code == 0, err
         strict(out.strip().split("\n")[-1])
+    check, _, errs = cli(["config", "check", str(path)])
+    assert check == code, (check, code, errs)
+    if check == 2:
+        assert "Traceback" not in errs
+        assert all(ln.startswith("error: ") for ln in errs.strip().split("\n")), errs
 
 
 @fuzz(100)
