@@ -230,3 +230,16 @@ def test_config_check_lists_every_error_and_other_commands_give_one_line(tmp_pat
     code, _, err = run_cli(["config", "show", str(path)], capsys)
     _assert_one_line_error(code, err, "two.yaml:3: batch.prompts_per_step")
     assert "(+1 more; `rlbatch config check` lists them)" in err
+
+
+def test_config_presets_says_what_each_is_for(capsys):
+    from rlbatch.core.loading import preset_names, preset_summary
+
+    for name in preset_names():
+        summary = preset_summary(name)
+        assert 10 < len(summary) <= 100 and "#" not in summary, (name, summary)
+    code, out, _ = run_cli(["config", "presets"], capsys)
+    assert code in (0, None)
+    rows = out.strip().splitlines()
+    assert [r.split()[0] for r in rows] == preset_names()
+    assert any("tiny model" in r for r in rows if r.startswith("grpo-tiny"))

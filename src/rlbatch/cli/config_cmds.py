@@ -12,7 +12,7 @@ from rich.table import Table
 from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
 from rlbatch.core.config import LR_EXPONENTS, scaled_lr
 from rlbatch.core.errors import EXIT_USAGE, ConfigError
-from rlbatch.core.loading import preset_names
+from rlbatch.core.loading import preset_names, preset_summary
 
 config_app = typer.Typer(help="Resolve and validate configurations.", no_args_is_help=True)
 
@@ -52,9 +52,11 @@ def check(
 
 @config_app.command("presets")
 def presets() -> None:
-    """List the built-in presets."""
-    for name in preset_names():
-        print(name)
+    """List the built-in presets, each with what it is for."""
+    names = preset_names()
+    width = max(len(n) for n in names)
+    for name in names:
+        print(f"{name:<{width}}  {preset_summary(name)}")
 
 
 def lr_scale(

@@ -81,17 +81,20 @@ def render_table(result: dict) -> Table:
     table = Table(title=f"decode-bench: {result['model']} ({result['engine']} engine, "
                         f"{result['device']}, {result['dtype']}), prompt "
                         f"{result['prompt_tokens']} + {result['new_tokens']} new tokens")
-    for name in ("C", "seqs", "tokens/s", "latency s", "KV MiB", "FLOP/B", "bound", "GFLOP/s",
-                 "roofline"):
+    # short headers and cells, so that the table fits 80 columns; the caption spells them out
+    for name in ("C", "seqs", "tok/s", "lat s", "KV MiB", "FLOP/B", "bound", "GFLOP/s",
+                 "roof %"):
         table.add_column(name, justify="right")
     for r in result["rows"]:
         mark = "" if r["within_latency_cap"] else " (over cap)"
         table.add_row(str(r["concurrency"]), str(r["sequences"]), f"{r['tokens_per_s']:,.0f}",
                       f"{r['latency_s']:.3f}{mark}", f"{r['kv_bytes'] / 2 ** 20:.2f}",
-                      f"{r['arithmetic_intensity']:.2f}", r["bound_by"],
-                      f"{r['achieved_flops'] / 1e9:.2f}", f"{100 * r['roofline_fraction']:.1f}%")
-    table.caption = ("latency = C x new tokens / tokens/s (Little's law); FLOP/B = decode-step "
-                     "intensity; roofline = achieved / min(GEMM peak, FLOP/B x bandwidth)")
+                      f"{r['arithmetic_intensity']:.2f}",
+                      {"compute": "comp", "memory": "mem"}.get(r["bound_by"], r["bound_by"]),
+                      f"{r['achieved_flops'] / 1e9:.2f}", f"{100 * r['roofline_fraction']:.1f}")
+    table.caption = ("tok/s = generated tokens per second; lat s = C x new tokens / tok/s "
+                     "(Little's law); FLOP/B = decode-step intensity; bound: mem(ory) or "
+                     "comp(ute); roof % = achieved / min(GEMM peak, FLOP/B x bandwidth)")
     return table
 
 

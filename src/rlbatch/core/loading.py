@@ -33,6 +33,22 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
+def preset_summary(name: str) -> str:
+    """What a preset is for, in one line: the first sentence or clause of its leading
+    comment (a leading "`command` (note):" is dropped)."""
+    lines = []
+    for line in _preset_text(name).splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    text = " ".join(lines)
+    text = re.sub(r"^`[^`]*`\s*(\([^)]*\))?\s*:\s*", "", text)
+    head = re.split(r":\s|\.\s|;\s", text, maxsplit=1)[0].rstrip(".")
+    if len(head) > 72:
+        head = head.split(", ")[0]
+    return head[:1].upper() + head[1:]
+
+
 def _preset_text(name: str) -> str:
     path = resources.files("rlbatch.core") / "presets" / f"{name}.yaml"
     if not path.is_file():
