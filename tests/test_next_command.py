@@ -40,3 +40,15 @@ def test_next_seeds_follows_the_plan():
     assert next_seeds([_plan(None, 0.99, 0.6)], ref) is None
     # no estimate of the spread yet: one more seed than the reference has
     assert next_seeds([_plan(None, None, None)], ref) == 3
+
+
+def test_the_command_line_is_the_one_main_was_given(capsys):
+    import pytest
+
+    from rlbatch.cli import common
+    from rlbatch.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["config", "presets", "--help"])
+    capsys.readouterr()
+    assert common.INVOKED == ["config", "presets", "--help"]  # not pytest's own argv

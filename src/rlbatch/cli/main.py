@@ -73,6 +73,9 @@ _tidy_help(app)
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rlbatch.cli import common
+
+    common.INVOKED[:] = list(argv) if argv is not None else sys.argv[1:]
     try:
         app(args=argv, prog_name="rlbatch")
     except UserError as exc:

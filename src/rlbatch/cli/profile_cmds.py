@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import shlex
-import sys
 
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from rlbatch.cli import common
 from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
 from rlbatch.cli.decision_text import decision_lines
 from rlbatch.core.errors import ConfigError
@@ -128,10 +128,10 @@ def continue_command(argv: list[str], out_dir: str, seeds: int | None = None,
 def _next_command(doc: dict, out_dir: str) -> str | None:
     d = doc.get("decision") or {}
     if d.get("next_set"):
-        return continue_command(sys.argv[1:], out_dir, sets=d["next_set"])
+        return continue_command(common.INVOKED, out_dir, sets=d["next_set"])
     rec = (doc.get("analysis") or {}).get("recommendation") or {}
     if doc.get("strategy") != "probe" and rec.get("next_seeds"):
-        return continue_command(sys.argv[1:], out_dir, seeds=rec["next_seeds"])
+        return continue_command(common.INVOKED, out_dir, seeds=rec["next_seeds"])
     return None
 
 
