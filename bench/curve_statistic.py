@@ -2,14 +2,10 @@
 first crossing of the target (N*, what `rlbatch analyze` uses), or a stretch of the samples
 axis fitted to the whole curve, pooled across seeds (docs/analysis.md, "Which statistic").
 
-The stretch is a shape-invariant registration: every run's curve is modelled as one shared
-shape on the log-samples axis, shifted by the run's own log stretch a_i,
-value_ij ~ f(log n_ij - a_i). The shape f is the isotonic (non-decreasing) regression of all
-the runs' points on the shifted axis; given f, each a_i is the shift on a grid 0.9% apart
-that minimises the run's mean squared gap; the two steps alternate until the shifts settle,
-with the mean shift of the reference configuration fixed at 0. exp(a_i) plays the role of
-N*_i / N*_ref: the sample-efficiency ratio of a run. `--from F` registers only the rising
-segment of each curve: its points from the last evaluation below start + F x gain on.
+The stretch is analysis/registration.py's shape-invariant registration (the one `rlbatch
+analyze --statistic stretch` uses); exp(a_i) plays the role of N*_i / N*_ref. `--from F`
+registers only the rising segment of each curve: its points from the last evaluation below
+start + F x gain on (analyze uses F = 0.8).
 
 Both statistics enter the same pooled log-normal model (one spread pooled over the
 configurations, df = runs - configurations), so their intervals at a given seed count
@@ -32,49 +28,13 @@ import math
 
 import numpy as np
 from scipy import stats as sps
-from scipy.optimize import isotonic_regression
 
 from rlbatch.analysis.analyze import group_configs
 from rlbatch.analysis.crossing import parse_target, per_run_records
+from rlbatch.analysis.registration import register, rising
 from rlbatch.analysis.runs import load_runs
 from rlbatch.core.runlog import read_run
 from rlbatch.profile.probing import curve_of
-
-SHIFTS = np.linspace(-math.log(8.0), math.log(8.0), 463)  # ~0.9% apart
-
-
-def register(curves: list[tuple[np.ndarray, np.ndarray]], ref: np.ndarray,
-             iters: int = 50) -> np.ndarray:
-    """Per-run log stretch a_i of the shared-shape model; `ref` marks the reference runs,
-    whose mean shift is 0."""
-    a = np.zeros(len(curves))
-    for _ in range(iters):
-        x = np.concatenate([np.log(s) - a[i] for i, (s, _) in enumerate(curves)])
-        y = np.concatenate([v for _, v in curves])
-        order = np.argsort(x)
-        xs, fs = x[order], isotonic_regression(y[order]).x
-        new = np.empty(len(curves))
-        for i, (s, v) in enumerate(curves):
-            at = np.log(s)[None, :] - SHIFTS[:, None]
-            inside = (at >= xs[0]) & (at <= xs[-1])
-            err = np.where(inside, (np.interp(at, xs, fs) - v[None, :]) ** 2, 0.0)
-            n = inside.sum(axis=1)
-            mse = np.where(n >= max(2, len(s) // 2), err.sum(axis=1) / np.maximum(n, 1), np.inf)
-            new[i] = SHIFTS[int(np.argmin(mse))]
-        new -= new[ref].mean()
-        if np.max(np.abs(new - a)) < 1e-12:
-            return new
-        a = new
-    return a
-
-
-def rising(s: np.ndarray, v: np.ndarray, start: float, gain: float, frac: float):
-    """The points after step 0 from the last evaluation below start + frac x gain on."""
-    below = np.flatnonzero(v < start + frac * gain)
-    k = int(below[-1]) if len(below) else 0
-    keep = np.arange(len(s)) >= k
-    keep &= s > 0
-    return s[keep], v[keep]
 
 
 def _until(s: np.ndarray, v: np.ndarray, nstar: float):
@@ -114,7 +74,7 @@ def directory(path: str, target_text: str, fracs: list[float], cut: bool = False
     if cut:  # as if every run had stopped at its crossing (budget.stop_at_target)
         curves = [_until(s, v, r["samples_to_target"]) for (s, v), (_, r) in zip(curves, runs)]
     for f in fracs:
-        segs = [rising(s, v, float(v[0]), float(target.gain), f) for s, v in curves]
+        segs = [rising((s, v), float(v[0]) + float(target.gain), f) for s, v in curves]
         a = register(segs, cfg == ref_id)
         sd_a, _ = pooled_sd(a, cfg)
         out[f"stretch_from_{f:g}"] = {"sd": sd_a, "df": df,
