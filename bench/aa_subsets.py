@@ -9,7 +9,9 @@ luck); `disjoint`: random pairs of disjoint k-subsets of all the seeds.
   python bench/aa_subsets.py study-runs/aa-long --target eval/accuracy=+0.05 --statistic stretch
 
 Prints, per k, how often the N*, q and T ratio intervals exclude 1, how often the copy is
-`departed` or recommended, and the spread of N* over all seeds; last, one JSON line.
+`departed` or recommended, how often the analysis makes any claim in words about the copy
+(`departed`, `fewer_samples` or recommended), and the spread of N* over all seeds; last,
+one JSON line.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def subsets(pairs, k: int, meta: dict, margin: float, ci: float,
     """The rates over `pairs`; with `curves` (run -> its curve), each pair's N* and T are the
     registration's (--statistic stretch), fitted on that pair's runs alone, as
     `rlbatch analyze` fits them on the runs it is given."""
-    counts = {name: 0 for name, _ in RATIOS} | {"departed": 0, "recommended": 0, "any": 0}
+    counts = {name: 0 for name, _ in RATIOS} | {"departed": 0, "recommended": 0, "any": 0,
+                                                "t_or_departed": 0, "claim": 0}
     total, widths = 0, []
     for sa, sb in pairs:
         groups = [{**meta, "config": "A", "runs": list(sa)},
@@ -73,9 +76,14 @@ def subsets(pairs, k: int, meta: dict, margin: float, ci: float,
         lo, hi = vs["samples_ratio_ci"]
         if lo and hi:
             widths.append(hi / lo)
+        lo, hi = vs["time_ratio_ci"]
+        t_out = (lo is not None and lo > 1) or (hi is not None and hi < 1)
+        recommended = rec is not None and rec["config"] == "B"
         counts["departed"] += copy["verdict"] == "departed"
-        counts["recommended"] += rec is not None and rec["config"] == "B"
+        counts["recommended"] += recommended
         counts["any"] += hit or copy["verdict"] == "departed"
+        counts["t_or_departed"] += t_out or copy["verdict"] == "departed"
+        counts["claim"] += recommended or copy["verdict"] in ("departed", "fewer_samples")
         total += 1
     return {"k": k, "subsets": total, **{n: c / total for n, c in counts.items()},
             "nstar_ratio_width": float(np.median(widths)) if widths else None}
@@ -122,13 +130,15 @@ def main() -> int:
         rows.append({"pairs": "disjoint", **subsets(disjoint_pairs(runs, k, args.draws, k),
                                                      k, meta, args.margin, args.ci, curves)})
     print("| subsets | seeds per side | count | N* ratio excludes 1 | q ratio excludes 1 | "
-          "T ratio excludes 1 | N* or T excludes 1, or departed | departed | copy recommended "
+          "T ratio excludes 1 | N* or T excludes 1, or departed | T excludes 1, or departed "
+          "| a claim in words | departed | copy recommended "
           "| median N* ratio interval width (hi / lo) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['pairs']} | {r['k']} | {r['subsets']} | {r['N* ratio']:.3f} | "
               f"{r['q ratio']:.3f} | "
-              f"{r['T ratio']:.3f} | {r['any']:.3f} | {r['departed']:.3f} | "
+              f"{r['T ratio']:.3f} | {r['any']:.3f} | {r['t_or_departed']:.3f} | "
+              f"{r['claim']:.3f} | {r['departed']:.3f} | "
               f"{r['recommended']:.3f} | {r['nstar_ratio_width']:.2f} |")
     print(json.dumps({"spread": spread, "subsets": rows},
                      default=lambda x: None if isinstance(x, float) and math.isnan(x) else x))

@@ -30,16 +30,23 @@ from rlbatch.analysis.invariance import DEFAULT_MARGIN
 
 Q_CV = 0.05
 CI = 0.90
+# q's spread across seeds of the quick preset's B0 and its correlation with log N*, from the
+# 8-seed grid of docs/study.md 9.2 (the "q as measured" rows)
+MEASURED_Q = (0.07, 0.4)
 
 
 def sigma(cv: float) -> float:
     return math.sqrt(math.log(1.0 + cv * cv))
 
 
-def draw_runs(rng, n: int, nstar: float, q: float, cv: float, budget: float) -> list[dict]:
-    """n runs of one configuration (records as crossing.run_result gives them)."""
-    ns = nstar * np.exp(rng.normal(0.0, sigma(cv), n))
-    qs = q * np.exp(rng.normal(0.0, sigma(Q_CV), n))
+def draw_runs(rng, n: int, nstar: float, q: float, cv: float, budget: float,
+              q_cv: float = Q_CV, rho: float = 0.0) -> list[dict]:
+    """n runs of one configuration (records as crossing.run_result gives them); `rho` is the
+    correlation of log q with log N* across runs."""
+    zn = rng.normal(0.0, 1.0, n)
+    zq = rho * zn + math.sqrt(1.0 - rho * rho) * rng.normal(0.0, 1.0, n)
+    ns = nstar * np.exp(sigma(cv) * zn)
+    qs = q * np.exp(sigma(q_cv) * zq)
     runs = []
     for i, (a, b) in enumerate(zip(ns, qs)):
         cens = bool(a > budget)
@@ -60,15 +67,17 @@ def group(name: str, b: int, runs: list[dict]) -> dict:
 
 
 def replicate(rng, n: int, cv: float, cens: float, n_ratio: float, q_ratio: float,
-              cand_cv: float | None = None, cand_n: int | None = None) -> dict:
+              cand_cv: float | None = None, cand_n: int | None = None,
+              q_noise: tuple[float, float] = (Q_CV, 0.0)) -> dict:
     """One analysis of reference (B0) vs candidate with true N* ratio and q ratio (the
-    candidate's CV and seed count default to the reference's)."""
+    candidate's CV and seed count default to the reference's; `q_noise` is q's CV and its
+    correlation with N*)."""
     nstar, q = 4000.0, 1000.0
     budget = nstar * math.exp(sigma(cv) * _z(1.0 - cens)) if cens > 0 else math.inf
     c_cv, c_n = cand_cv or cv, cand_n or n
-    groups = [group("ref", 128, draw_runs(rng, n, nstar, q, cv, budget)),
+    groups = [group("ref", 128, draw_runs(rng, n, nstar, q, cv, budget, *q_noise)),
               group("cand", 256, draw_runs(rng, c_n, nstar * n_ratio, q * q_ratio, c_cv,
-                                           budget))]
+                                           budget, *q_noise))]
     entries, _, _ = judge(groups, "ref", DEFAULT_MARGIN, CI)
     rec = selection.recommend(entries, "ref")
     return {"entries": {e["config"]: e for e in entries}, "rec": rec,
@@ -118,14 +127,16 @@ def coverage_cell(rng, n, cv, cens, reps, cand_cv=None, cand_n=None) -> dict:
         "printed_share": {k: printed[k] / reps for k in printed}}
 
 
-def decision_cell(rng, n, cv, cens, n_ratio, q_ratio, reps) -> dict:
+def decision_cell(rng, n, cv, cens, n_ratio, q_ratio, reps,
+                  q_noise: tuple[float, float] = (Q_CV, 0.0)) -> dict:
     """How often the analysis excludes 1 from each ratio interval, calls the candidate
-    departed, recommends it, and how P(faster) is spread."""
+    departed, recommends it, makes a claim in words about it (departed, fewer_samples or
+    recommended), and how P(faster) is spread."""
     excl = {k: 0 for k, _, _ in RATIOS}
-    departed = recommended = excl_any = 0
+    departed = recommended = excl_any = t_or_departed = claims = 0
     p95 = p90 = 0
     for _ in range(reps):
-        r = replicate(rng, n, cv, cens, n_ratio, q_ratio)
+        r = replicate(rng, n, cv, cens, n_ratio, q_ratio, q_noise=q_noise)
         cand = r["entries"]["cand"]
         vs = cand["vs_reference"]
         any_excl = False
@@ -135,14 +146,20 @@ def decision_cell(rng, n, cv, cens, n_ratio, q_ratio, reps) -> dict:
             excl[name] += out
             any_excl |= out and name != "q ratio"
         excl_any += any_excl or cand["verdict"] == "departed"
+        lo, hi = vs["time_ratio_ci"]
+        t_out = (lo is not None and lo > 1.0) or (hi is not None and hi < 1.0)
+        t_or_departed += t_out or cand["verdict"] == "departed"
         departed += cand["verdict"] == "departed"
-        recommended += r["rec"] is not None and r["rec"]["config"] == "cand"
+        rec = r["rec"] is not None and r["rec"]["config"] == "cand"
+        recommended += rec
+        claims += rec or cand["verdict"] in ("departed", "fewer_samples")
         p = vs["p_faster"]
         p95 += p is not None and p >= 0.95
         p90 += p is not None and p >= 0.90
     return {**{f"excludes_1/{k}": v / reps for k, v in excl.items()},
             "departed": departed / reps, "N* or T interval excludes 1, or departed":
-            excl_any / reps, "recommended": recommended / reps,
+            excl_any / reps, "T interval excludes 1, or departed": t_or_departed / reps,
+            "a claim in words": claims / reps, "recommended": recommended / reps,
             "P(faster)>=0.95": p95 / reps, "P(faster)>=0.90": p90 / reps}
 
 
@@ -184,16 +201,19 @@ def main() -> int:
              ("A/A", 0.15, 3, 1.0, 1.0), ("A/A, 20% censored", 0.3, 3, 1.0, 1.0),
              ("same N*, 1.5x q", 0.15, 4, 1.0, 1.5), ("same N*, 1.5x q", 0.3, 4, 1.0, 1.5),
              ("1.33x slower", 0.15, 4, 1.33, 1.0), ("1.33x slower", 0.3, 4, 1.33, 1.0),
-             ("1.4x the samples, 1.2x q", 0.3, 3, 1.4, 1.2)]
+             ("1.4x the samples, 1.2x q", 0.3, 3, 1.4, 1.2),
+             ("A/A, q as measured", 0.15, 2, 1.0, 1.0), ("A/A, q as measured", 0.15, 3, 1.0, 1.0)]
     print(f"\nDecisions ({args.reps} replicates per row)")
     cols = ["excludes_1/N* ratio", "excludes_1/q ratio", "excludes_1/T ratio",
-            "N* or T interval excludes 1, or departed", "departed", "recommended",
+            "N* or T interval excludes 1, or departed", "T interval excludes 1, or departed",
+            "a claim in words", "departed", "recommended",
             "P(faster)>=0.95", "P(faster)>=0.90"]
     print("| case | CV | seeds per side | " + " | ".join(cols) + " |")
     print("|---|---|---|" + "---|" * len(cols))
     for name, cv, n, nr, qr in cases:
         cens = 0.2 if "censored" in name else 0.0
-        cell = decision_cell(rng, n, cv, cens, nr, qr, args.reps)
+        q_noise = MEASURED_Q if "q as measured" in name else (Q_CV, 0.0)
+        cell = decision_cell(rng, n, cv, cens, nr, qr, args.reps, q_noise)
         out["decisions"].append({"case": name, "cv": cv, "n": n, **cell})
         print(f"| {name} | {cv} | {n} | " + " | ".join(fmt(cell[c]) for c in cols) + " |",
               flush=True)
