@@ -241,7 +241,7 @@ def main() -> None:
                     help="first probe lengths to compare, x N*_base (profile.probe_fraction)")
     ap.add_argument("--max-fraction", type=float, default=0.6, help="probe cap, x N*_base")
     ap.add_argument("--extend", default="promising",
-                    help="spending extension rules to compare (profile.probe_extend)")
+                    help="spending extension rules to compare (plan_next's extend)")
     ap.add_argument("--control", action="store_true", help="probe the fixed-LR control too")
     ap.add_argument("--budgets", default="2",
                     help="profile.probe_budget values to compare, x baseline T ('none': no limit)")

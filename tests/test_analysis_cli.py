@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy.stats import t as student_t
 
+from helpers.cli import run_cli
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
-from rlbatch.cli.main import main
 from rlbatch.core.runlog import RunWriter
 
 ACC = "eval/accuracy"
@@ -173,13 +173,6 @@ def test_explicit_reference_run(sweep):
     cfg = by_b(d)
     assert d["reference"]["config"] == cfg[256]["config"]
     assert cfg[256]["verdict"] == "reference"
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def test_cli_json(sweep, capsys):

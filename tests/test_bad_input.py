@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cli import run_cli
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
-from rlbatch.cli.main import main
 from test_report_figures import ACC, write_profile, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,16 +32,9 @@ def _no_fsync(monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # speed only: RunWriter fsyncs rows
 
 
-def cli(argv: list[str], capsys) -> tuple[int, str, list[str]]:
-    """(exit status, stdout, stderr lines) of `rlbatch argv` run in this process."""
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    return exc.value.code or 0, out, err.strip().splitlines()
-
-
 def one_line_error(argv: list[str], capsys) -> str:
-    code, _, err = cli(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
+    err = err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (code, err)
     assert "Traceback" not in err[0]
     return err[0]
@@ -100,7 +93,7 @@ def test_data_check_with_model_names_every_long_row_and_the_10mb_prompt(
     assert "at most 123 fit in the model's 128 positions" in msg
 
     ok = write_jsonl(tmp_path / "ok.jsonl", addition_rows())
-    code, out, _ = cli(["data", "check", str(ok), "--model", str(tiny_model_dir)], capsys)
+    code, out, _ = run_cli(["data", "check", str(ok), "--model", str(tiny_model_dir)], capsys)
     assert code == 0 and out.startswith("ok: 40 rows")
     msg = one_line_error(["data", "check", str(ok), "--model", str(tiny_model_dir),
                           "--max-new-tokens", "200"], capsys)
@@ -299,8 +292,9 @@ def test_non_numeric_metric_values_are_warned_and_dropped_as_if_not_logged(tmp_p
              lambda i, r: {k: v for k, v in r.items() if not (i in BAD_VALUES and k == ACC)})
     _rewrite(bad / "sqrt256-s1" / "steps.jsonl",
              lambda i, r: {**r, "reward/mean": "n/a"} if i >= 2 else r)
-    code, out, err = cli(["analyze", str(bad), "--target", f"{ACC}=0.5", "--bootstrap", "200",
-                          "--json"], capsys)
+    code, out, err = run_cli(["analyze", str(bad), "--target", f"{ACC}=0.5", "--bootstrap",
+                              "200", "--json"], capsys)
+    err = err.strip().splitlines()
     assert code == 0
     warned = [w for w in err if "not a number" in w]
     assert warned == [
@@ -346,8 +340,9 @@ def test_ingest_warns_about_non_numeric_logged_values(tmp_path, capsys):
     rows[1]["data"]["actor/entropy"] = True
     rows[1]["data"]["critic/score/mean"] = {"v": 1}
     log = write_jsonl(tmp_path / "metrics.jsonl", rows)
-    code, _, err = cli(["ingest", "verl", str(log), "--out", str(tmp_path / "run"), *PG,
-                        "--lr", "1e-6"], capsys)
+    code, _, err = run_cli(["ingest", "verl", str(log), "--out", str(tmp_path / "run"), *PG,
+                            "--lr", "1e-6"], capsys)
+    err = err.strip().splitlines()
     assert code == 0
     assert err == [
         (f"warning: {log}:1: 'val-core/openai/gsm8k/reward/mean@1' is '0.5x', not a number; "
@@ -356,3 +351,40 @@ def test_ingest_warns_about_non_numeric_logged_values(tmp_path, capsys):
          "'actor/entropy' in this file not ingested"),
         (f"warning: {log}:2: 'critic/score/mean' is {{'v': 1}}, not a number; 1 such "
          "value(s) of 'critic/score/mean' in this file not ingested")]
+
+
+def test_sizes_are_bounded_before_parsing(tmp_path, capsys):
+    """A list bomb (a 5-million-item list in a config) and a huge --set value are refused
+    by size, in one line, before YAML parses them; a list setting holds at most 64 values."""
+    big = tmp_path / "bomb.yaml"
+    big.write_text("extends: grpo-tiny\nprofile:\n  concurrency: [" + "1, " * 500_000 + "1]\n")
+    err = one_line_error(["config", "check", str(big)], capsys)
+    assert "bomb.yaml" in err and "at most 1,048,576 bytes" in err
+    value = "[" + "1," * 600_000 + "1]"
+    err = one_line_error(["config", "check", "--preset", "grpo-tiny", "--set",
+                          f"profile.concurrency={value}"], capsys)
+    assert "--set profile.concurrency" in err and "at most 1,048,576" in err
+    many = "[" + ",".join(str(i + 1) for i in range(65)) + "]"
+    code, _, err = run_cli(["config", "check", "--preset", "grpo-tiny", "--set",
+                            f"profile.concurrency={many}"], capsys)
+    assert code == 2 and "profile.concurrency" in err and "64" in err
+    assert "Traceback" not in err
+
+
+def test_config_check_checks_what_train_checks(tmp_path, capsys):
+    """`config check` refuses what `train` would refuse before writing anything: a reward
+    that cannot be imported, a model folder that is not there, eval.prompts beyond the
+    held-out set; one line each, exit 2."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n"
+                            for i in range(40)))
+    base = ["config", "check", "--preset", "grpo-tiny", "--set", "task.name=dataset",
+            "--set", f"task.path={data}", "--set", "eval.prompts=2"]
+    code, out, _ = run_cli(base, capsys)
+    assert code == 0 and out.startswith("ok:")
+    err = one_line_error(base + ["--set", "task.reward=no_such_module_xyz:fn"], capsys)
+    assert "task.reward" in err or "no_such_module_xyz" in err
+    err = one_line_error(base + ["--set", f"model={tmp_path / 'missing'}"], capsys)
+    assert err.startswith("error: model:") and "missing" in err
+    err = one_line_error(base[:-1] + ["eval.prompts=64"], capsys)
+    assert "eval.prompts = 64" in err and "4 held-out prompts" in err

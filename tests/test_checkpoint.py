@@ -271,16 +271,10 @@ def test_mismatched_model_is_rejected_before_anything_changes(rig, tmp_path):
     assert _same(_weights(bigger), before)
 
 
-def test_no_checkpoint_and_legacy_layout(rig, tmp_path):
+def test_no_checkpoint(rig, tmp_path):
     assert find_checkpoint(tmp_path) is None
     with pytest.raises(DataError, match="no checkpoint to resume from"):
         load_checkpoint(tmp_path, **rig.kw())
-    legacy = tmp_path / "checkpoint"  # the pre-checksum layout is reported, not loaded
-    legacy.mkdir()
-    (legacy / "state.pt").write_bytes(b"")
-    assert find_checkpoint(tmp_path) == legacy
-    with pytest.raises(DataError, match="checksums.json: missing .written by an older rlbatch"):
-        load_checkpoint(find_checkpoint(tmp_path), **rig.kw())
 
 
 # ---------------------------------------------------------------- safety

@@ -13,20 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from rlbatch.cli.main import main
+from helpers.cli import run_cli
 from rlbatch.core.config import Config, scaled_adam, scaled_lr
 from rlbatch.core.errors import ConfigError
 from rlbatch.core.loading import load_config, preset_names
-
-
-def run_cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ---- LR rules ----

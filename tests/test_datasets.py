@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlbatch.cli.main import main
+from helpers.cli import run_cli
 from rlbatch.core.config import TaskConfig
 from rlbatch.core.errors import ConfigError, DataError
 from rlbatch.rollout.datasets import DatasetTask, build_task, load_rows, split_held_out
@@ -25,13 +25,6 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 def qa_rows(n: int) -> list[dict]:
     return [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(n)]
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
 
 
 # ---------------------------------------------------------------- JSONL

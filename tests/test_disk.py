@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.cli import run_cli
 from rlbatch.backends.builtin import checkpoint as ck
-from rlbatch.cli.main import main
 from rlbatch.core.errors import OutputError
 from rlbatch.core.runlog import (
     STEP_REQUIRED,
@@ -238,9 +238,9 @@ def test_out_naming_a_file_is_one_line(tiny_model_dir, tmp_path, capsys):
     f.write_text("keep me\n")
     proc = _train(f)
     _error_line(proc, str(f), "is a file, not a folder (errno 20)")
-    code, err = _cli(["report", str(_tiny_run(tmp_path / "run")), "-o", str(f / "r.html"),
-                      "--target", "eval/accuracy=0.9"],
-                     capsys)
+    code, _, err = run_cli(["report", str(_tiny_run(tmp_path / "run")), "-o", str(f / "r.html"),
+                            "--target", "eval/accuracy=0.9"],
+                           capsys)
     assert code == 2 and err.count("\n") == 1 and str(f) in err and "errno" in err, err
     assert f.read_text() == "keep me\n"
 
@@ -339,15 +339,6 @@ def test_checkpoint_on_a_full_disk_keeps_the_previous_one(small_llama, tmp_path,
 
 # ---------------------------------------------------------------- a folder named steps.jsonl
 
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err
-
-
 def _tiny_run(run: Path) -> Path:
     with RunWriter(run) as w:
         w.write_config({"algorithm": "grpo", "seed": 0})
@@ -365,7 +356,7 @@ def test_a_log_file_that_is_a_folder_is_one_line(tmp_path, capsys, name):
     (run / name).unlink()
     (run / name).mkdir()
     for args in (["analyze", str(run)], ["report", str(run), "-o", str(tmp_path / "r.html")]):
-        code, err = _cli(args, capsys)
+        code, _, err = run_cli(args, capsys)
         assert code == 2, err
         assert err == f"error: {run / name}: is a folder, not a file\n", err
     assert not (tmp_path / "r.html").exists()

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from rlbatch.cli.main import main
+from helpers.cli import run_cli
 from rlbatch.core.errors import ConfigError
 from rlbatch.rollout import builtin_engine
 from rlbatch.rollout.builtin_engine import REFILL_DIVISOR, BuiltinEngine
@@ -402,13 +402,6 @@ def bench_model(tmp_path_factory):
     small_llama(seed=20, vocab=len(tok), eos_token_id=tok.eos_token_id).save_pretrained(path)
     tok.save_pretrained(path)
     return path
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def bench(model, *extra):

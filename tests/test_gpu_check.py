@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlbatch.cli.main import main
+from helpers.cli import run_cli, set_flags
 from rlbatch.rollout.random_model import SIZES, RandomLayout, random_model_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,25 +40,16 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def _cli(args, capsys):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr()
-
-
 # ---- the random model ----
 def test_random_builder_layout_parameters_offline(tmp_path, monkeypatch, capsys):
     def no_network(*args, **kwargs):
         raise AssertionError("the random model builder must not touch the network")
 
     monkeypatch.setattr(socket.socket, "connect", no_network)
-    code, out = _cli(["model", "build", "--random", "--size", "tiny", "--out", tmp_path / "tiny",
-                      "--json"], capsys)
-    assert code == 0, out.err
-    facts = json.loads(out.out.strip().splitlines()[-1])
+    code, out, err = run_cli(["model", "build", "--random", "--size", "tiny", "--out",
+                              tmp_path / "tiny", "--json"], capsys)
+    assert code == 0, err
+    facts = json.loads(out.strip().splitlines()[-1])
     cfg = json.loads((tmp_path / "tiny" / "config.json").read_text())
     # the built-in tiny model's layout (tiny_model.TinyRecipe), random weights
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
@@ -72,11 +63,11 @@ def test_random_builder_layout_parameters_offline(tmp_path, monkeypatch, capsys)
     assert len(tok) == 20 and tok.decode(tok("w5 w7")["input_ids"], skip_special_tokens=True) \
         == "w5 w7"
     # a GQA, untied layout given by its dimensions, saved in bf16 and loaded in either dtype
-    code, out = _cli(["model", "build", "--random", "--layout",
-                      "hidden=64,layers=2,heads=8,kv_heads=2,mlp=96,vocab=50",
-                      "--dtype", "bfloat16", "--out", tmp_path / "gqa", "--json"], capsys)
-    assert code == 0, out.err
-    facts = json.loads(out.out.strip().splitlines()[-1])
+    code, out, err = run_cli(["model", "build", "--random", "--layout",
+                              "hidden=64,layers=2,heads=8,kv_heads=2,mlp=96,vocab=50",
+                              "--dtype", "bfloat16", "--out", tmp_path / "gqa", "--json"], capsys)
+    assert code == 0, err
+    facts = json.loads(out.strip().splitlines()[-1])
     layout = RandomLayout(hidden=64, layers=2, heads=8, kv_heads=2, mlp=96, vocab=50)
     bf16, _ = load_model_and_tokenizer(tmp_path / "gqa", dtype="bfloat16")
     fp32, _ = load_model_and_tokenizer(tmp_path / "gqa", dtype="float32")
@@ -93,10 +84,10 @@ def test_random_builder_rejects_bad_layouts(capsys):
     for args in (["--size", "7b"], ["--layout", "hidden=64,layers=2"],
                  ["--layout", "hidden=64,layers=2,heads=6,kv_heads=2,mlp=96,vocab=50"],
                  ["--layout", "hidden=64,layers=2,heads=8,kv_heads=3,mlp=96,vocab=50"]):
-        code, out = _cli(["model", "build", "--random", *args], capsys)
-        assert code == 2 and len(out.err.strip().splitlines()) == 1, out.err
-    code, out = _cli(["model", "build", "--size", "tiny"], capsys)  # --size needs --random
-    assert code == 2 and "--random" in out.err
+        code, _, err = run_cli(["model", "build", "--random", *args], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_cli(["model", "build", "--size", "tiny"], capsys)  # --size needs --random
+    assert code == 2 and "--random" in err
 
 
 # ---- dtype plumbing: engine, decode-bench, trainer (CPU here, CUDA under -m gpu) ----
@@ -138,11 +129,11 @@ def test_engine_kv_cache_in_model_dtype_fp32_logprobs(random_tiny_dir, monkeypat
 @pytest.mark.parametrize("device,dtype", [("cpu", "float32"),
                                           pytest.param("cuda", "bfloat16", marks=GPU)])
 def test_decode_bench_cli_dtype(random_tiny_dir, capsys, one_thread, device, dtype):
-    code, out = _cli(["decode-bench", "--model", random_tiny_dir, "--dtype", dtype, "--device",
-                      device, "--concurrency", "1,4", "--new-tokens", "4", "--reps", "1",
-                      "--min-sequences", "4", "--json"], capsys)
-    assert code == 0, out.err
-    res = json.loads(out.out.strip().splitlines()[-1])
+    code, out, err = run_cli(["decode-bench", "--model", random_tiny_dir, "--dtype", dtype,
+                              "--device", device, "--concurrency", "1,4", "--new-tokens", "4",
+                              "--reps", "1", "--min-sequences", "4", "--json"], capsys)
+    assert code == 0, err
+    res = json.loads(out.strip().splitlines()[-1])
     assert res["dtype"] == dtype and res["device"] == device
     assert [r["concurrency"] for r in res["rows"]] == [1, 4]
     assert all(r["tokens_per_s"] > 0 for r in res["rows"])
@@ -162,10 +153,10 @@ def test_trainer_bf16_noise_scale_checkpoint(random_tiny_dir, tmp_path, capsys, 
             "rollout.max_new_tokens=6", "budget.max_samples=32", "eval.at_start=false",
             "eval.every_samples=16", "eval.prompts=8", "noise_scale.enabled=true",
             "checkpoint.every_samples=16"]
-    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", tmp_path, "--json",
-                      *[x for s in sets for x in ("--set", s)]], capsys)
-    assert code == 0, out.err
-    summary = json.loads(out.out.strip().splitlines()[-1])
+    code, out, err = run_cli(["train", "--preset", "grpo-tiny", "--out", tmp_path, "--json",
+                              *set_flags(sets)], capsys)
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
     run = read_run(summary["run_dir"])
     assert run.config["dtype"] == "bfloat16" and run.config["device"] == device
     assert [r["samples"] for r in run.steps] == [16, 32]

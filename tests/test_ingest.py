@@ -12,22 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cli import run_cli
 from rlbatch.analysis.crossing import Target, run_result
 from rlbatch.analysis.runs import load_runs
-from rlbatch.cli.main import main
 from rlbatch.core.runlog import read_run
 from rlbatch.interop.ingest import IngestOptions, convert
 from rlbatch.interop.ingest import writer as ingest_writer
 
 FIX = Path(__file__).parent / "fixtures" / "ingest"
 PG = ["--prompts-per-step", "4", "--samples-per-prompt", "2"]
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def ingest(args, capsys) -> dict:

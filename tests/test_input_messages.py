@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers.cli import run_cli, set_flags
 from rlbatch.core.config import RewardConfig, TaskConfig
 from rlbatch.core.errors import ConfigError, Terminated
 from rlbatch.core.loading import load_config
@@ -24,16 +25,9 @@ from rlbatch.rollout.datasets import build_task
 from rlbatch.rollout.models import checkpoint_problem
 from rlbatch.rollout.reward_runner import Call, RewardRunner
 from rlbatch.rollout.tasks import Example
-from test_reliability import _cli as reliability_cli
-from test_reliability import _rlbatch, _sets
+from test_reliability import _rlbatch
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
-
-
-def _cli(args, capsys) -> tuple[int, str]:
-    """(exit status, stderr) of the CLI run in this process."""
-    code, captured = reliability_cli(args, capsys)
-    return code, captured.err
 
 
 def _one_error_line(err: str) -> str:
@@ -50,13 +44,13 @@ def test_config_path_that_is_a_directory_says_so(tmp_path, capsys):
     folder.mkdir()
     for args in (["config", "check", str(folder)],
                  ["train", str(folder), "--out", str(tmp_path / "runs")]):
-        code, err = _cli(args, capsys)
+        code, _, err = run_cli(args, capsys)
         assert code == 2
         assert _one_error_line(err) == f"{folder}: config file is a directory, not a YAML file"
     assert not (tmp_path / "runs").exists()
     missing = tmp_path / "nope.yaml"
-    assert _cli(["config", "check", str(missing)], capsys) == (
-        2, f"error: {missing}: config file not found\n")
+    code, _, err = run_cli(["config", "check", str(missing)], capsys)
+    assert (code, err) == (2, f"error: {missing}: config file not found\n")
     for name in ("sub.yaml", "sub"):  # `extends:` naming a directory, with and without .yaml
         (folder / name).mkdir()
     for name in ("sub.yaml", "sub"):
@@ -121,8 +115,8 @@ def test_set_and_file_errors_each_name_their_own_origin(tmp_path):
 
 def test_set_errors_through_the_cli_are_one_line_exit_2(tmp_path, capsys):
     for item in ("batch.prompts_per_step.x=3", "foo.bar=3", "batch"):
-        code, err = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path),
-                          "--set", item], capsys)
+        code, _, err = run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path),
+                                "--set", item], capsys)
         assert code == 2 and _one_error_line(err).startswith("--set ")
     assert list(tmp_path.iterdir()) == []
 
@@ -163,8 +157,8 @@ def test_damaged_checkpoint_is_one_line_and_no_run_directory(tiny_model_dir, tmp
     assert (model / "model.safetensors").stat().st_size == 3_162_624  # the cuts above assume it
     spoil, problem = DAMAGE[damage]
     spoil(model)
-    code, err = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
-                      "--set", f"model={model}"], capsys)
+    code, _, err = run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
+                            "--set", f"model={model}"], capsys)
     assert code == 2
     line = _one_error_line(err)
     assert line.startswith(f"model: checkpoint '{model}' is damaged: {problem}"), line
@@ -178,8 +172,8 @@ def test_checkpoint_that_fails_to_load_marks_the_run_failed(tiny_model_dir, tmp_
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
     (model / "tokenizer.json").write_text('{"a": 1}')
-    code, err = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
-                      "--set", f"model={model}"], capsys)
+    code, _, err = run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
+                            "--set", f"model={model}"], capsys)
     line = _one_error_line(err)
     assert code == 2 and line == f"model: cannot load '{model}': KeyError: 'added_tokens'"
     (run,) = (tmp_path / "runs").iterdir()
@@ -207,7 +201,7 @@ def test_damaged_tiny_model_cache_says_how_to_rebuild(tiny_model_dir, tmp_path, 
                 f"short (1,000 bytes, less than its header){HINT}")
     for args in (["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs")],
                  ["model", "build"]):
-        code, err = _cli(args, capsys)
+        code, _, err = run_cli(args, capsys)
         assert code == 2 and _one_error_line(err) == expected
     assert not (tmp_path / "runs").exists()
     assert (entry / "model.safetensors").stat().st_size == 1000  # nothing rebuilt silently
@@ -244,7 +238,8 @@ def test_model_build_force_rebuilds_a_damaged_cache(tiny_model_dir, tmp_path, ca
     root = tmp_path / "cache"
     entry = _damaged_cache(tiny_model_dir, root, DAMAGE["config.json garbage"][0])
     monkeypatch.setenv("RLBATCH_CACHE", str(root))
-    code, _ = _cli(["model", "build", "--task", "addition", "--digits", "3", "--force"], capsys)
+    code, _, _ = run_cli(["model", "build", "--task", "addition", "--digits", "3", "--force"],
+                         capsys)
     assert code == 0
     assert checkpoint_problem(entry) is None
     assert json.loads((entry / "config.json").read_text())["hidden_size"] == 128
@@ -367,7 +362,7 @@ def test_training_with_a_hanging_cheap_reward_runs_to_its_budget(tiny_model_dir,
     """`rlbatch train` with a cheap reward that hangs on every 50th call: each hang is a
     timeout fault, counted and logged, and the run trains its whole budget (it does not stop
     at the target, so where the model lands cannot end it early)."""
-    res = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json", *_sets([
+    res = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json", *set_flags([
         "task.reward=cheap_rewards:hangs_every_50th", "reward.timeout_s=0.2",
         "batch.prompts_per_step=8", "budget.max_samples=64", "budget.stop_at_target=false",
         "eval.prompts=16", "eval.every_samples=64"]))

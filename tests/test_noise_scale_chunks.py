@@ -15,7 +15,7 @@ import torch
 from rlbatch.algos.losses import aggregate, clipped_surrogate
 from rlbatch.algos.noise_scale import NoiseScaleEMA, effective_small_batch, two_batch_estimate
 from rlbatch.backends.builtin.batch import build_batch, forward_logprobs
-from rlbatch.backends.builtin.update import _NoiseProbe, actor_update
+from rlbatch.backends.builtin.update import NoiseProbe, actor_update
 from test_grad_invariance import _varied_rollouts
 
 
@@ -89,7 +89,7 @@ def test_probe_squares_each_micro_batch_own_mean_gradient():
     x = [torch.randn(n, d, generator=g) for n in tokens_per_row]
     chunks = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # micro = 4: 4, 4, 2 rows
     total = float(sum(tokens_per_row))
-    probe = _NoiseProbe([w])
+    probe = NoiseProbe([w])
     own = []
     for rows in chunks:
         feats = torch.cat([x[r] for r in rows])  # (n_i, d)
@@ -97,7 +97,7 @@ def test_probe_squares_each_micro_batch_own_mean_gradient():
         aggregate(per_tok, torch.ones_like(per_tok, dtype=torch.bool), total).backward()
         probe.after_micro(len(feats) / total, len(rows))
         own.append((feats * (feats @ w.detach())[:, None]).mean(0))  # g_i, token mean
-    small, big, b_small = probe.finish()
+    small, big, b_small = probe.reading()
     assert small == pytest.approx(float(np.mean([float(o.pow(2).sum()) for o in own])),
                                   rel=1e-5)
     full = torch.cat(x)

@@ -12,19 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from rlbatch.cli.main import main
+from helpers.cli import run_cli
 from rlbatch.interop.ingest import read_framework_config
 from rlbatch.interop.plan import make_plan, merge_base
 
 FIX = Path(__file__).parent / "fixtures" / "ingest"
 BASE = ["--base-prompts", "128", "--samples-per-prompt", "8", "--base-lr", "1e-6"]
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def plan_json(args, capsys) -> dict:
@@ -95,10 +88,10 @@ def test_trl_per_device_completions_and_accumulation(capsys):
 def test_prime_rl_batch_size_counts_rollouts(capsys):
     doc = plan_json(["--framework", "prime-rl", *BASE, "--prompts", "512"], capsys)
     assert doc["candidates"][0]["args"] == ["orchestrator.batch_size = 4096",
-                                            "orchestrator.rollouts_per_example = 8",
+                                            "orchestrator.group_size = 8",
                                             "trainer.optim.lr = 2e-06"]
     assert ("on the command line instead of the TOML file: --orchestrator.batch-size 4096 "
-            "--orchestrator.rollouts-per-example 8 --trainer.optim.lr 2e-06") in \
+            "--orchestrator.group-size 8 --trainer.optim.lr 2e-06") in \
         doc["candidates"][0]["notes"]
     code, _, err = run_cli(["plan", "--framework", "prime-rl", *BASE, "--prompts", "512",
                             "--mini-batch-prompts", "64"], capsys)
@@ -173,9 +166,21 @@ def test_prime_rl_base_toml():
     base = read_framework_config("prime-rl", FIX / "prime-rl" / "rl.toml")
     assert (base.prompts_per_step, base.samples_per_prompt, base.lr) == (32, 16, 3e-6)
     c = make_plan(base, [64])["candidates"][0]
-    assert c["args"] == ["orchestrator.batch_size = 1024", "orchestrator.rollouts_per_example = 16",
+    assert c["args"] == ["orchestrator.batch_size = 1024", "orchestrator.group_size = 16",
                          "trainer.optim.lr = 4.24264e-06", "trainer.scheduler.warmup_steps = 10",
                          "max_steps = 50"]
+
+
+def test_prime_rl_group_size_under_either_name_and_its_default(tmp_path):
+    """prime-rl's current key is orchestrator.group_size (older versions:
+    rollouts_per_example); left out, prime-rl's default of 1 applies."""
+    for text, g in (("[orchestrator]\nbatch_size = 256\ngroup_size = 8\n", 8),
+                    ("[orchestrator]\nbatch_size = 256\nrollouts_per_example = 4\n", 4),
+                    ("[orchestrator]\nbatch_size = 256\n", 1)):
+        path = tmp_path / "rl.toml"
+        path.write_text(text)
+        base = read_framework_config("prime-rl", path)
+        assert (base.prompts_per_step, base.samples_per_prompt) == (256 // g, g)
 
 
 def test_table_output_prints_overrides_and_warning(capsys):

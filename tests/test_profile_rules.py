@@ -13,9 +13,8 @@ from rlbatch.core.errors import UserError
 from rlbatch.core.loading import load_config
 from rlbatch.core.runlog import RunWriter, read_jsonl
 from rlbatch.profile import procedure
+from rlbatch.profile.driver import Driver, Journal
 from rlbatch.profile.procedure import (
-    Driver,
-    Journal,
     candidate_eval_every,
     challenger,
     early_stop_reason,

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.cli import run_cli, set_flags
 from rlbatch.algos.advantages import grpo_advantages
-from rlbatch.cli.main import main
 from rlbatch.core.config import RewardConfig
 from rlbatch.core.runlog import atomic_write_json, dumps_strict, read_run
 from rlbatch.rollout.reward_runner import Call, RewardRunner, classify, fault_key
@@ -39,19 +39,6 @@ def _env() -> dict:
 def _rlbatch(*args, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rlbatch.cli.main", *args], env=_env(),
                           capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _sets(items):
-    return [x for item in items for x in ("--set", item)]
-
-
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr()
 
 
 def _strict_json(path: Path):
@@ -217,10 +204,10 @@ def test_bad_input_is_one_line_with_file_and_line(tmp_path, capsys, text, needle
     for command in ("config", "train"):
         args = ["config", "check", str(path)] if command == "config" else \
             ["train", str(path), "--out", str(tmp_path / "runs")]
-        code, out = _cli(args, capsys)
-        assert code == 2, out
-        lines = out.err.strip().splitlines()
-        assert len(lines) == 1 and needle in lines[0], out.err
+        code, _, err = run_cli(args, capsys)
+        assert code == 2, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], err
     assert not (tmp_path / "runs").exists()
 
 
@@ -242,8 +229,8 @@ def test_json_files_are_strict(tmp_path):
 
 def test_reward_past_the_error_rate_fails_the_run_with_its_reason(tiny_model_dir, tmp_path):
     res = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path),
-                   *_sets(SMALL + ["task.reward=faulty_rewards:always_raises",
-                                   "eval.at_start=false"]))
+                   *set_flags(SMALL + ["task.reward=faulty_rewards:always_raises",
+                                       "eval.at_start=false"]))
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert lines[-1] == (
@@ -266,8 +253,8 @@ def test_reward_past_the_error_rate_fails_the_run_with_its_reason(tiny_model_dir
     assert [(r["step"], r["reward/errors"]) for r in steps] == [(1, 64)]
     # a plain re-run says what the directory holds; it is not silently skipped as finished
     again = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path),
-                     *_sets(SMALL + ["task.reward=faulty_rewards:always_raises",
-                                     "eval.at_start=false"]))
+                     *set_flags(SMALL + ["task.reward=faulty_rewards:always_raises",
+                                         "eval.at_start=false"]))
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
     assert "holds a failed run (task.reward: faulty_rewards:always_raises faulted" in again.stderr
     assert "--resume" in again.stderr
@@ -278,11 +265,11 @@ def test_trl_backend_same_policy_and_failed_status(tiny_model_dir, tmp_path):
     trl = ["backend=trl", "batch.prompts_per_step=4", "batch.samples_per_prompt=4",
            "eval.prompts=32", "budget.max_samples=64", "eval.at_start=false"]
     refused = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path / "d"),
-                       *_sets(trl + ["reward.on_error=drop"]))
+                       *set_flags(trl + ["reward.on_error=drop"]))
     assert refused.returncode == 2 and "reward.on_error: 'drop' is not supported by the trl " \
         "backend" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     res = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path / "r"),
-                   *_sets(trl + ["task.reward=faulty_rewards:always_raises"]))
+                   *set_flags(trl + ["task.reward=faulty_rewards:always_raises"]))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith(
         "error: task.reward: faulty_rewards:always_raises faulted on 16 of 16 calls (100%)")
@@ -295,9 +282,9 @@ def test_nonfinite_rewards_are_counted_and_never_reach_the_loss(tiny_model_dir, 
     """NaN on every call: faults, not a diverged run; with the limit raised the run ends on
     its budget with every update finite and evaluation saying it could measure nothing."""
     res = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json",
-                   *_sets(SMALL + ["task.reward=faulty_rewards:returns_nan", "eval.prompts=32",
-                                   "budget.max_samples=128", "reward.max_error_rate=1",
-                                   "target.value=null", "target.gain=0.1"]))
+                   *set_flags(SMALL + ["task.reward=faulty_rewards:returns_nan", "eval.prompts=32",
+                                       "budget.max_samples=128", "reward.max_error_rate=1",
+                                       "target.value=null", "target.gain=0.1"]))
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["status"] == "budget_exhausted" and summary["nonfinite_skipped"] == 0
@@ -313,14 +300,14 @@ def test_nonfinite_rewards_are_counted_and_never_reach_the_loss(tiny_model_dir, 
 @pytest.mark.parametrize("preset", ["grpo-tiny", "ppo-tiny"])
 def test_on_error_drop_leaves_faulted_samples_out(tiny_model_dir, tmp_path, preset):
     res = _rlbatch("train", "--preset", preset, "--out", str(tmp_path), "--json",
-                   *_sets(SMALL + ["task.reward=faulty_rewards:raises_10pct", "eval.prompts=64",
-                                   "budget.max_samples=256", "eval.at_start=false",
-                                   "reward.on_error=drop", "batch.minibatches_per_step=2",
-                                   "critic.warmup_samples=0", "reward.workers=1",
-                                   # the faults are random (10% a call): a 64-call step past
-                                   # the default 25% limit is rare but was seen once in CI;
-                                   # the limit has its own tests, this one is about dropping
-                                   "reward.max_error_rate=0.5"]))
+                   *set_flags(SMALL + ["task.reward=faulty_rewards:raises_10pct", "eval.prompts=64",
+                                       "budget.max_samples=256", "eval.at_start=false",
+                                       "reward.on_error=drop", "batch.minibatches_per_step=2",
+                                       "critic.warmup_samples=0", "reward.workers=1",
+                                       # the faults are random (10% a call): a 64-call step past
+                                       # the default 25% limit is rare but was seen once in CI;
+                                       # the limit has its own tests, this one is about dropping
+                                       "reward.max_error_rate=0.5"]))
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     run = read_run(summary["run_dir"])
@@ -352,14 +339,14 @@ def _stable(rows):
 
 @pytest.mark.parametrize("sig, code, failure", [
     (signal.SIGTERM, 128 + signal.SIGTERM, "terminated by SIGTERM"),
-    pytest.param(signal.SIGINT, 130, "KeyboardInterrupt", marks=pytest.mark.slow),
+    pytest.param(signal.SIGINT, 130, "interrupted by SIGINT", marks=pytest.mark.slow),
 ])
 def test_signal_marks_the_run_failed_and_resume_continues_it(tiny_model_dir, tmp_path, sig,
                                                              code, failure):
     sets = ["batch.prompts_per_step=8", "budget.max_samples=768", "eval.every_samples=256",
             "eval.prompts=64", "checkpoint.every_samples=128"]
     cmd = [sys.executable, "-m", "rlbatch.cli.main", "train", "--preset", "grpo-tiny",
-           *_sets(sets)]
+           *set_flags(sets)]
     subprocess.run(cmd + ["--out", str(tmp_path / "a")], env=_env(), check=True,
                    capture_output=True)
     proc = subprocess.Popen(cmd + ["--out", str(tmp_path / "b")], env=_env(),
@@ -390,7 +377,7 @@ FLAKY = ["task.reward=faulty_rewards:flaky", "reward.timeout_s=0.5", "reward.wor
 
 def _acceptance(tmp_path, budget: int, extra: list[str]) -> tuple[dict, object]:
     res = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json",
-                   "--set", f"budget.max_samples={budget}", *_sets(FLAKY + extra), timeout=1800)
+                   "--set", f"budget.max_samples={budget}", *set_flags(FLAKY + extra), timeout=1800)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
     summary = json.loads(res.stdout.strip().splitlines()[-1])

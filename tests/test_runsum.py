@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlbatch.rollout.sft import IGNORE, _encode, _sft_step
+from rlbatch.rollout.sft import IGNORE, _encode, sft_step
 from rlbatch.rollout.tasks import Example, RunSumTask, take
 from rlbatch.rollout.tiny_model import (
     BAND_ENV,
@@ -163,7 +163,7 @@ def test_variable_length_sft_step_equals_one_padded_batch():
     assert len({len(e.answer) for e in examples}) > 3
     model = _tiny_llama(len(tok))
     opt = _Capture(model.parameters())
-    loss_chunked = _sft_step(model, opt, tok, examples, micro=5)
+    loss_chunked = sft_step(model, opt, tok, examples, micro=5)
     chunked = _grads(model)
     opt.zero_grad()
     enc = _encode(tok, examples)  # one padded batch

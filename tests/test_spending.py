@@ -57,7 +57,7 @@ def test_the_predicted_winner_is_confirmed_then_indicated_or_not_confirmed():
     assert plan.drop == {"B512": plan.drop["B512"]}
     done = [Candidate("B256", 30000, cands[1].prediction, measured_ratio=0.72)]
     plan = plan_next(done, cap=CAP)
-    assert plan.finished and plan.outcome == "indicated" and plan.winner == "B256"
+    assert plan.outcome is not None and plan.outcome == "indicated" and plan.winner == "B256"
     slow = [Candidate("B256", 30000, cands[1].prediction, measured_ratio=1.05)]
     plan = plan_next(slow, cap=CAP)
     assert plan.outcome == "not_confirmed" and plan.winner is None
@@ -141,7 +141,7 @@ def test_without_a_promising_candidate_nothing_is_reserved_and_a_blind_probe_is_
 def test_a_confirmation_stopped_by_the_budget_keeps_the_baseline():
     plan = plan_next([Candidate("B256", 5000, pred(0.7, 0.6, 0.85), over_budget=True)],
                      cap=CAP)
-    assert plan.finished and plan.outcome == "over_budget" and plan.winner is None
+    assert plan.outcome is not None and plan.outcome == "over_budget" and plan.winner is None
 
 
 intervals = st.tuples(st.floats(0.1, 3.0), st.floats(0.0, 0.5), st.floats(0.0, 0.5),
@@ -159,7 +159,7 @@ def test_spending_always_stops(specs, start, rule):
     bound = math.ceil(math.log2(CAP / start)) + 2
     for _ in range(bound):
         plan = plan_next(cands, cap=CAP, extend=rule)
-        if plan.finished or plan.confirm:
+        if plan.outcome is not None or plan.confirm:
             break
         assert plan.extend, "neither extending, confirming nor finished"
         cands = [Candidate(c.config, plan.extend.get(c.config, c.samples), c.prediction)

@@ -12,25 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from rlbatch.cli.main import main
+from helpers.cli import run_cli, set_flags
 from rlbatch.core.runlog import STEP_REQUIRED, read_run
 
 SMALL = ["batch.prompts_per_step=8", "batch.samples_per_prompt=8", "budget.max_samples=1024",
          "eval.every_samples=512", "eval.prompts=128"]
-
-
-def _cli(args, capsys=None):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr() if capsys else None
-    return code, out
-
-
-def _sets(items):
-    return [x for item in items for x in ("--set", item)]
 
 
 def _only_run(root: Path) -> Path:
@@ -40,10 +26,10 @@ def _only_run(root: Path) -> Path:
 
 
 def test_grpo_run_log_contract(tiny_model_dir, tmp_path, capsys):
-    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json",
-                      *_sets(SMALL)], capsys)
-    assert code == 0, out.err
-    summary = json.loads(out.out.strip().splitlines()[-1])
+    code, out, err = run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), "--json",
+                              *set_flags(SMALL)], capsys)
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
     run = read_run(summary["run_dir"])
     # the status follows from the budget and from whether the target was crossed (where a
     # stochastic run lands differs between CPUs)
@@ -66,7 +52,8 @@ def test_grpo_run_log_contract(tiny_model_dir, tmp_path, capsys):
     assert run.config["derived"]["sequences_per_step"] == 64
     assert run.manifest["backend"] == "builtin" and run.manifest["seed"] == 0
     # re-running a finished run is idempotent: nothing is recomputed or appended
-    code, _ = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), *_sets(SMALL)], capsys)
+    code, _, _ = run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path),
+                          *set_flags(SMALL)], capsys)
     assert code == 0 and len(read_run(summary["run_dir"]).steps) == 16
 
 
@@ -75,9 +62,9 @@ def test_ppo_critic_schedule(tiny_model_dir, tmp_path, capsys):
     first two steps train only the critic), an update every 128 samples (every second step)."""
     sets = SMALL + ["critic.warmup_samples=128", "critic.update_every_samples=128",
                     "eval.prompts=64", "budget.max_samples=512"]
-    code, out = _cli(["train", "--preset", "ppo-tiny", "--out", str(tmp_path), "--json",
-                      *_sets(sets)], capsys)
-    assert code == 0, out.err
+    code, _, err = run_cli(["train", "--preset", "ppo-tiny", "--out", str(tmp_path), "--json",
+                            *set_flags(sets)], capsys)
+    assert code == 0, err
     run = read_run(_only_run(tmp_path))
     steps = run.steps
     assert steps[0]["actor/loss"] is None and steps[1]["actor/loss"] is None  # critic warm-up
@@ -102,33 +89,33 @@ def test_nonfinite_updates_are_skipped_then_diverge(tiny_model_dir, tmp_path, ca
 
     monkeypatch.setattr(trainer_module, "grpo_advantages", nan_advantages)
     sets = SMALL + ["nonfinite.max_consecutive=2", "eval.at_start=false"]
-    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
-                      "--json", *_sets(sets)], capsys)
-    assert code == 0, out.err
-    summary = json.loads(out.out.strip().splitlines()[-1])
+    code, out, err = run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
+                              "--json", *set_flags(sets)], capsys)
+    assert code == 3, err  # EXIT_DIVERGED: finished, but not a result
+    summary = json.loads(out.strip().splitlines()[-1])
     assert summary["status"] == "diverged" and summary["nonfinite_skipped"] == 2
     run = read_run(summary["run_dir"])
     assert [r["actor/nonfinite_skipped"] for r in run.steps] == [1, 1]
 
 
 def test_bad_model_path_writes_nothing(tmp_path, capsys):
-    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
-                      "--set", f"model={tmp_path / 'missing'}"], capsys)
+    code, _, err = run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path / "runs"),
+                            "--set", f"model={tmp_path / 'missing'}"], capsys)
     assert code == 2
-    assert "model:" in out.err and len(out.err.strip().splitlines()) == 1
+    assert "model:" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
 
 
 def test_interrupted_run_needs_resume_flag(tiny_model_dir, tmp_path, capsys):
     sets = SMALL + ["budget.max_samples=128", "eval.prompts=32"]
-    _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), *_sets(sets)], capsys)
+    run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), *set_flags(sets)], capsys)
     run = _only_run(tmp_path)
     summary = json.loads((run / "summary.json").read_text())
     summary["status"] = "running"  # as a killed run leaves it
     (run / "summary.json").write_text(json.dumps(summary))
-    code, out = _cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path), *_sets(sets)],
-                     capsys)
-    assert code == 2 and "--resume" in out.err
+    code, _, err = run_cli(["train", "--preset", "grpo-tiny", "--out", str(tmp_path),
+                            *set_flags(sets)], capsys)
+    assert code == 2 and "--resume" in err
 
 
 DETERMINISTIC_SKIP = ("time/", "train_s", "rollout/tokens_per_s")
@@ -142,7 +129,8 @@ def test_sigkill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path):
     sets = ["batch.prompts_per_step=8", "budget.max_samples=1536", "eval.every_samples=512",
             "eval.prompts=64", "checkpoint.every_samples=256"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "rlbatch.cli.main", "train", "--preset", "grpo-tiny", *_sets(sets)]
+    cmd = [sys.executable, "-m", "rlbatch.cli.main", "train", "--preset", "grpo-tiny",
+           *set_flags(sets)]
     subprocess.run(cmd + ["--out", str(tmp_path / "a")], check=True, env=env,
                    capture_output=True)
     proc = subprocess.Popen(cmd + ["--out", str(tmp_path / "b")], env=env,

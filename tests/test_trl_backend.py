@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("trl")
 
+from helpers.cli import run_cli, set_flags
 from rlbatch.cli.main import main
 from rlbatch.core.runlog import STEP_REQUIRED, read_run
 
@@ -27,22 +28,9 @@ FULL = ["budget.max_samples=64", "eval.every_samples=32", "optimizer.warmup_samp
 LR = 1e-4 * (B / 128) ** 0.5  # grpo-tiny: eta0 = 1e-4 at B0 = 128, sqrt rule
 
 
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr()
-
-
-def _sets(items):
-    return [x for item in items for x in ("--set", item)]
-
-
 def _train(out: Path, sets, capsys, *extra):
-    return _cli(["train", "--preset", "grpo-tiny", "--out", str(out), "--json", *extra,
-                 *_sets(BASE + sets)], capsys)
+    return run_cli(["train", "--preset", "grpo-tiny", "--out", str(out), "--json", *extra,
+                    *set_flags(BASE + sets)], capsys)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +42,7 @@ def trl_run(tiny_model_dir, tmp_path_factory):
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         try:
             main(["train", "--preset", "grpo-tiny", "--out", str(out), "--json",
-                  *_sets(BASE + FULL)])
+                  *set_flags(BASE + FULL)])
             code = 0
         except SystemExit as exc:
             code = exc.code
@@ -98,13 +86,13 @@ def test_trl_run_log_contract(trl_run):
 
 def test_trl_run_is_idempotent_and_analyzable(trl_run, capsys):
     out, summary = trl_run
-    code, res = _train(out, FULL, capsys)
-    assert code == 0, res.err
+    code, stdout, stderr = _train(out, FULL, capsys)
+    assert code == 0, stderr
     assert len(read_run(summary["run_dir"]).steps) == 4  # finished: nothing re-run
-    code, res = _cli(["analyze", str(out), "--target", "eval/accuracy=0.01", "--json",
-                      "--bootstrap", "50"], capsys)
-    assert code == 0, res.err
-    doc = json.loads(res.out.strip().splitlines()[-1])
+    code, stdout, stderr = run_cli(["analyze", str(out), "--target", "eval/accuracy=0.01", "--json",
+                                    "--bootstrap", "50"], capsys)
+    assert code == 0, stderr
+    doc = json.loads(stdout.strip().splitlines()[-1])
     (conf,) = doc["configs"]
     assert conf["sequences_per_step"] == B
     assert conf["samples_to_target"] == 0  # accuracy > 0.01 at the first evaluation
@@ -128,11 +116,11 @@ def test_trl_interrupted_run_refused_then_resumed_exactly(trl_run, tmp_path, cap
 
     with pytest.raises(Killed):
         train_trl(cfg, callback=kill_at_3)
-    code, res = _train(tmp_path, sets, capsys)
-    assert code == 2 and "--resume" in res.err and "Traceback" not in res.err
-    code, res = _train(tmp_path, sets, capsys, "--resume")
-    assert code == 0, res.err
-    resumed = read_run(json.loads(res.out.strip().splitlines()[-1])["run_dir"])
+    code, stdout, stderr = _train(tmp_path, sets, capsys)
+    assert code == 2 and "--resume" in stderr and "Traceback" not in stderr
+    code, stdout, stderr = _train(tmp_path, sets, capsys, "--resume")
+    assert code == 0, stderr
+    resumed = read_run(json.loads(stdout.strip().splitlines()[-1])["run_dir"])
     full = read_run(trl_run[1]["run_dir"])  # same trajectory, longer budget
     keys = ("step", "samples", "tokens", "reward/mean", "actor/loss", "actor/grad_norm")
     assert [[r[k] for k in keys] for r in resumed.steps] == \
@@ -143,9 +131,9 @@ def test_trl_interrupted_run_refused_then_resumed_exactly(trl_run, tmp_path, cap
 
 
 def test_trl_rejects_ppo(tmp_path, capsys):
-    code, res = _cli(["train", "--preset", "ppo-tiny", "--out", str(tmp_path),
-                      *_sets(["backend=trl"])], capsys)
-    assert code == 2 and "GRPO only" in res.err
+    code, _, stderr = run_cli(["train", "--preset", "ppo-tiny", "--out", str(tmp_path),
+                               *set_flags(["backend=trl"])], capsys)
+    assert code == 2 and "GRPO only" in stderr
 
 
 def test_trl_nonfinite_updates_are_skipped_then_diverged(tiny_model_dir, tmp_path, capsys,
@@ -161,10 +149,11 @@ def test_trl_nonfinite_updates_are_skipped_then_diverged(tiny_model_dir, tmp_pat
     orig = GRPOTrainer._compute_loss
     monkeypatch.setattr(GRPOTrainer, "_compute_loss",
                         lambda self, model, inputs: orig(self, model, inputs) * float("nan"))
-    code, res = _train(tmp_path, ["budget.max_samples=64", "eval.at_start=false",
-                                  "eval.prompts=8", "nonfinite.max_consecutive=2"], capsys)
-    assert code == 0, res.err
-    summary = json.loads(res.out.strip().splitlines()[-1])
+    code, stdout, stderr = _train(tmp_path, ["budget.max_samples=64", "eval.at_start=false",
+                                             "eval.prompts=8", "nonfinite.max_consecutive=2"],
+                                  capsys)
+    assert code == 3, stderr  # EXIT_DIVERGED
+    summary = json.loads(stdout.strip().splitlines()[-1])
     run = read_run(summary["run_dir"])
     assert summary["status"] == "diverged" and summary["nonfinite_skipped"] == 2
     assert [r["actor/nonfinite_skipped"] for r in run.steps] == [1, 1]

@@ -56,10 +56,6 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "rlbatch.cli.main", *args]
 
 
-def sets(items: list[str]) -> list[str]:
-    return [x for item in items for x in ("--set", item)]
-
-
 def env() -> dict:
     """One intra-op thread per process, so that the killed run and the reference (run side by
     side) compute with the same thread count, and unbuffered output."""

@@ -66,27 +66,27 @@ def _group_stats(r: torch.Tensor, v: torch.Tensor, equal: torch.Tensor) -> dict:
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
         gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """token_rewards, values, mask: (B, T) -> (advantages (B, T), returns (B, T)).
+    """token_rewards, values, mask: (B, L) -> (advantages (B, L), returns (B, L)).
 
     Responses are right-padded: mask is True on a prefix of each row. The value after the
-    last valid token is 0 (episode end). Computed with a backward scan over T.
+    last valid token is 0 (episode end). Computed with a backward scan over L.
     """
-    B, T = values.shape
+    B, L = values.shape
     m = mask.float()
     values = values.float() * m
     adv = torch.zeros_like(values)
     last = torch.zeros(B, dtype=values.dtype, device=values.device)
-    for t in range(T - 1, -1, -1):
-        next_v = values[:, t + 1] if t + 1 < T else torch.zeros_like(last)
+    for t in range(L - 1, -1, -1):
+        next_v = values[:, t + 1] if t + 1 < L else torch.zeros_like(last)
         delta = token_rewards[:, t].float() + gamma * next_v - values[:, t]
-        last = delta + gamma * lam * last * (m[:, t + 1] if t + 1 < T else 0.0)
+        last = delta + gamma * lam * last * (m[:, t + 1] if t + 1 < L else 0.0)
         last = last * m[:, t]
         adv[:, t] = last
     return adv, (adv + values) * m
 
 
 def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's scalar reward (B,) on its last valid token -> (B, T)."""
+    """Place each sequence's scalar reward (B,) on its last valid token -> (B, L)."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     last = mask.long().sum(1) - 1  # (B,)
     rows = torch.arange(mask.shape[0], device=mask.device)

@@ -21,7 +21,7 @@ import torch
 
 
 def masked_sum(per_token: torch.Tensor, mask: torch.Tensor) -> float:
-    """Sum of `per_token` (B, T) over the valid tokens `mask` (B, T) bool, as a Python float.
+    """Sum of `per_token` (B, L) over the valid tokens `mask` (B, L) bool, as a Python float.
     Padding is selected out, not multiplied by 0, so junk (even inf) there cannot leak."""
     return float(per_token.detach()[mask].double().sum())
 
@@ -35,9 +35,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor,
     return equal, or no valid token): the ratio is undefined, not 0 or 1.
 
     Args:
-        values: (B, T) the critic's predictions (before its update, when logging an update).
-        returns: (B, T) the regression targets.
-        mask: (B, T) bool, valid response tokens.
+        values: (B, L) the critic's predictions (before its update, when logging an update).
+        returns: (B, L) the regression targets.
+        mask: (B, L) bool, valid response tokens.
     Returns:
         A Python float in (-inf, 1], or NaN.
     """

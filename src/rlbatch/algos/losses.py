@@ -30,15 +30,9 @@ import torch
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
                    temperature: float = 1.0) -> torch.Tensor:
-    """logits (B, T, V), targets (B, T) -> log pi(target) under softmax(logits / T): (B, T)."""
+    """logits (B, L, V), targets (B, L) -> log pi(target) under softmax(logits / temperature): (B, L)."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """(B, T, V) -> (B, T) entropy of softmax(logits / T): -sum_v p_v log p_v."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
 
 
 def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
@@ -47,30 +41,30 @@ def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
     log-softmax (the entropy costs no second softmax and no second forward).
 
     Args:
-        logits: (B, T, V); targets: (B, T) token ids; temperature: the sampling temperature.
+        logits: (B, L, V); targets: (B, L) token ids; temperature: the sampling temperature.
     Returns:
-        log pi(target) (B, T), differentiable and computed exactly as `token_logprobs` does
-        (so the loss's gradient is unchanged), and the entropy (B, T) of softmax(logits / T),
+        log pi(target) (B, L), differentiable and computed exactly as `token_logprobs` does
+        (so the loss's gradient is unchanged), and the entropy (B, L) of softmax(logits / temperature),
         detached (a diagnostic, never part of a loss).
     """
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
-    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, L, V)
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, L)
     with torch.no_grad():
         lp = logp.detach()
         plogp = (lp.exp() * lp).masked_fill(lp == -torch.inf, 0.0)  # 0 log 0 = 0
-        entropy = -plogp.sum(-1)  # (B, T)
+        entropy = -plogp.sum(-1)  # (B, L)
     return picked, entropy
 
 
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                       clip_low: float, clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token clipped policy loss (B, T) and a (B, T) bool tensor of clipped tokens.
+    """Per-token clipped policy loss (B, L) and a (B, L) bool tensor of clipped tokens.
 
-    advantages may be (B,) (one per sequence, GRPO) or (B, T) (per token, PPO).
+    advantages may be (B,) (one per sequence, GRPO) or (B, L) (per token, PPO).
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logp)
-    ratio = torch.exp(logp - old_logp)  # (B, T)
+    ratio = torch.exp(logp - old_logp)  # (B, L)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
@@ -78,7 +72,7 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
 
 
 def kl_k3(logp: torch.Tensor, other_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(p || q), (B, T): `logp` the sampled tokens'
+    """Per-token k3 estimate of KL(p || q), (B, L): `logp` the sampled tokens'
     log-probabilities under p (the policy that drew them, for the estimate to be unbiased),
     `other_logp` under q. Padding positions hold junk; mask them."""
     d = other_logp - logp
@@ -87,7 +81,7 @@ def kl_k3(logp: torch.Tensor, other_logp: torch.Tensor) -> torch.Tensor:
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                        clip: float | None) -> torch.Tensor:
-    """Per-token value loss (B, T)."""
+    """Per-token value loss (B, L)."""
     err = (values - returns) ** 2
     if clip is None:
         return 0.5 * err
@@ -103,7 +97,7 @@ def zero_gradient_rows(advantages: torch.Tensor, mask: torch.Tensor,
     with respect to the log-probability is exactly 0 (the clipped branch has none, the other
     A r = 0): a GRPO group with all-equal rewards (advantage 0) contributes nothing. A KL
     term (kl_active) has a non-zero gradient for every token, so then no row qualifies.
-    advantages (N,) (GRPO) or (N, T) (PPO: zero on every valid token); mask (N, T) bool.
+    advantages (N,) (GRPO) or (N, L) (PPO: zero on every valid token); mask (N, L) bool.
     Only exact zeros count: a row is never skipped on approximation.
     """
     n = mask.shape[0]

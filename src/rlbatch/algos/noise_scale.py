@@ -1,40 +1,17 @@
 """Gradient noise scale B_simple = tr(Sigma) / |G|^2 from two batch sizes.
 
 Implements the unbiased two-batch estimator of McCandlish et al. 2018, "An Empirical Model
-of Large-Batch Training" (arXiv:1812.06162), Appendix A.1. A gradient averaged over B i.i.d.
-samples, G_B, has E|G_B|^2 = |G|^2 + tr(Sigma)/B, so two batch sizes
-B_small < B_big give two equations in the two unknowns:
+of Large-Batch Training" (arXiv:1812.06162), Appendix A.1: a gradient averaged over B
+samples has E|G_B|^2 = |G|^2 + tr(Sigma)/B, so |G_B|^2 at two batch sizes gives |G|^2 and
+tr(Sigma). `NoiseScaleEMA` smooths numerator and denominator separately before dividing, as
+the paper does. In the trainer the small batch is the micro-batch and the big one the
+minibatch; micro-batches of unequal sizes enter through their harmonic mean
+(`effective_small_batch`), which keeps both estimates unbiased.
 
-    |G|^2     = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
-    tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
-
-and the simple noise scale B_simple = tr(Sigma) / |G|^2 (their Sec. 2). Each single estimate is noisy (|G|^2 may
-even come out negative), so the paper smooths numerator and denominator *separately* with
-exponential moving averages before dividing; `NoiseScaleEMA` does that.
-
-How the trainer uses it: |G_small|^2 = |g_i|^2 averaged over the micro-batches i of one
-minibatch, g_i being micro-batch i's own mean gradient; B_big = minibatch sequences and
-|G_big|^2 = |accumulated minibatch gradient|^2. Micro-batches may have unequal sizes b_i (a
-minibatch of B sequences that `micro` does not divide ends on a shorter micro-batch). Then
-E|g_i|^2 = |G|^2 + tr(Sigma)/b_i, so the mean over the k micro-batches is
-
-    E mean_i |g_i|^2 = |G|^2 + tr(Sigma) mean_i(1/b_i) = |G|^2 + tr(Sigma) / b_eff,
-    b_eff = 1 / mean_i(1/b_i)   (the harmonic mean of the b_i, `effective_small_batch`),
-
-and B_small = b_eff keeps both estimates unbiased. Passing the nominal `micro` instead is
-biased: for B = 10 cut into 4, 4, 2 (b_eff = 3), B_small = 4 inflates tr(Sigma) by
-(1/3 - 1/10) / (1/4 - 1/10) = 1.56x and lowers |G|^2 by tr(Sigma)/18
-(tests/test_noise_scale_chunks.py). The
-estimator needs every micro-batch to be a random subset of the minibatch: while it runs, the
-update cuts micro-batches of `micro` sequences from the minibatch's random order
-instead of ordering rows by length (length-ordered micro-batches are strata whose means
-differ systematically, which would inflate |G_small|^2 and so tr(Sigma) and B_simple; see
-`backends/builtin/update.py`). Deviation from the paper's setting: a "sample" is one
-sequence; with a token-mean loss the per-sequence gradients are only approximately i.i.d.
-with equal weight.
-
-Pure math: Python floats or numpy arrays in, the same out. No torch import, no state besides
-the EMA class's two running sums.
+Deviation from the paper: a "sample" is one sequence; with a token-mean loss the
+per-sequence gradients are only approximately i.i.d. with equal weight. Pure math: Python
+floats or numpy arrays in, the same out; no torch import. The formulas, the harmonic-mean
+argument and why micro-batches must be random subsets: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -59,8 +36,9 @@ def _out(x):
 
 def effective_small_batch(sizes) -> float:
     """b_eff = 1 / mean_i(1/b_i): the small batch size at which the mean over micro-batches
-    of |g_i|^2 has the expectation |G|^2 + tr(Sigma)/b_eff (module docstring); the harmonic
-    mean of the micro-batch sizes b_i (sequences), equal to b when every b_i = b."""
+    of |g_i|^2 has the expectation |G|^2 + tr(Sigma)/b_eff (docs/design.md, "Module
+    notes"); the harmonic mean of the micro-batch sizes b_i (sequences), equal to b when
+    every b_i = b."""
     b = np.asarray(sizes, dtype=np.float64)
     if b.size == 0 or not (b > 0).all():
         raise ValueError(f"micro-batch sizes must be positive and at least one, got {sizes!r}")
@@ -73,16 +51,18 @@ def unbiased_grad_sq(g_small_sq, g_big_sq, b_small: float, b_big: float):
     """|G|^2 estimate, McCandlish et al. 2018 App. A.1:
     (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)."""
     _check_sizes(b_small, b_big)
-    s, b = np.asarray(g_small_sq, dtype=np.float64), np.asarray(g_big_sq, dtype=np.float64)
-    return _out((b_big * b - b_small * s) / (b_big - b_small))
+    small_sq = np.asarray(g_small_sq, dtype=np.float64)
+    big_sq = np.asarray(g_big_sq, dtype=np.float64)
+    return _out((b_big * big_sq - b_small * small_sq) / (b_big - b_small))
 
 
 def trace_sigma(g_small_sq, g_big_sq, b_small: float, b_big: float):
     """tr(Sigma) estimate (per-sample gradient covariance trace), McCandlish et al. 2018
     App. A.1: (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)."""
     _check_sizes(b_small, b_big)
-    s, b = np.asarray(g_small_sq, dtype=np.float64), np.asarray(g_big_sq, dtype=np.float64)
-    return _out((s - b) / (1.0 / b_small - 1.0 / b_big))
+    small_sq = np.asarray(g_small_sq, dtype=np.float64)
+    big_sq = np.asarray(g_big_sq, dtype=np.float64)
+    return _out((small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big))
 
 
 def b_simple_ratio(trace, grad_sq):

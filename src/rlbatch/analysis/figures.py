@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rlbatch.analysis.labels import _ratio, config_labels, short_labels, target_line
+from rlbatch.analysis.labels import config_labels, ratio_or_none, short_labels, target_line
 from rlbatch.analysis.runs import RunFrames
 from rlbatch.analysis.tables import configs_table, decision_data, logged_metrics, runs_table
 
@@ -263,10 +263,10 @@ def lr_control_data(doc: dict, frames: RunFrames | None) -> list | None:
                  for name, e in (("fixed", fixed), ("sqrt", twin))}
         pairs.append({"sequences_per_step": fixed["sequences_per_step"], **sides,
                       "metric": doc["target"]["metric"], "target": target_line(doc),
-                      "samples_ratio": _ratio(fixed["samples_to_target"],
+                      "samples_ratio": ratio_or_none(fixed["samples_to_target"],
                                               twin["samples_to_target"]),
-                      "time_ratio": _ratio(fixed["time_to_target"], twin["time_to_target"]),
-                      "throughput_ratio": _ratio(fixed["throughput"], twin["throughput"])})
+                      "time_ratio": ratio_or_none(fixed["time_to_target"], twin["time_to_target"]),
+                      "throughput_ratio": ratio_or_none(fixed["throughput"], twin["throughput"])})
     return pairs or None
 
 

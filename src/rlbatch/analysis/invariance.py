@@ -1,32 +1,14 @@
 """Batch-size invariance of sample-indexed curves against a reference configuration.
 
-Checks the "align" half of the Hunyuan procedure (docs/design.md): with eta(B) = eta0*sqrt(B/B0),
-curves plotted against cumulative samples should coincide (Malladi et al. 2022; Hilton et al.
-2022 for PPO). Three pieces of evidence per candidate:
-
-1. Curve difference on a common sample grid: the grid is every evaluated `samples` value of
-   either configuration inside the intersection of all their runs' ranges; each run is
-   linearly interpolated onto it, the mean curve across seeds taken per configuration, and
-   diff = mean_cand - mean_ref, with a pointwise seed-bootstrap band at the CI level.
-2. Normalized area between the curves: the trapezoid mean of |diff| over the grid
-   (integral of |diff| d samples / grid width) divided by the range (max - min) of the
-   reference mean curve on the grid. 0 = identical; 0.1 = a gap of a tenth of the progress
-   the reference made over the shared range.
-3. log(N*_cand / N*_ref) (geometric means across seeds) with its interval (stats.py).
-
-Verdict on the interval of log(N* ratio), margin m = log(1.15) by default: `aligned` if the
-whole interval lies inside (-m, m) (equivalence shown, TOST-style); `departed` if its lower
-end is >= m (the candidate needs more samples than the margin allows, shown one-sidedly:
-the method's step 3 rejects it); `fewer_samples` if its upper end is <= -m (it needs fewer
-samples than the reference: not rejected, a sign that eta0 is under-tuned at B0);
-`inconclusive` otherwise. Censored runs enter through their bounds, so a candidate that never
-reached the target is `departed` only if its last evaluated samples are far enough beyond
-N*_ref, and `inconclusive` when it simply stopped earlier.
-
-"Critical batch (departure sense)" = the largest B such that it and every smaller tested B
-of the reference's family (same algorithm and lr_scaling) are aligned. It is not
-McCandlish et al.'s 50%-efficiency B_crit nor Zhang et al.'s 20%-overhead CBS (noise.py).
-No torch import.
+Checks the "align" half of the procedure (docs/design.md, Method): with eta(B) =
+eta0*sqrt(B/B0), curves plotted against cumulative samples should coincide (Malladi et al.
+2022; Hilton et al. 2022 for PPO). Per candidate: the curve difference on a common sample
+grid with a seed-bootstrap band, the normalized area between the curves, and
+log(N*_cand / N*_ref) with its interval (stats.py). `verdict` reads that interval against
+a margin (log 1.15 by default) as `aligned`, `departed`, `fewer_samples` or `inconclusive`;
+the "critical batch (departure sense)" is the largest B up to which the reference's family
+stays aligned. Definitions, the verdict rule and how censored runs enter: docs/design.md,
+"Module notes". No torch import.
 """
 
 from __future__ import annotations
@@ -35,14 +17,15 @@ import math
 
 import numpy as np
 
+from rlbatch.analysis.defaults import DEFAULT_MARGIN
 from rlbatch.analysis.stats import finite_or_none
 
-DEFAULT_MARGIN = math.log(1.15)
 VERDICTS = ("aligned", "departed", "fewer_samples", "inconclusive")
 
 
 def verdict(log_lo: float, log_hi: float, margin: float = DEFAULT_MARGIN) -> str:
-    """The verdict (module text) from the interval [log_lo, log_hi] of log(N* ratio)."""
+    """The verdict (docs/design.md, "Module notes") from the interval [log_lo, log_hi] of
+    log(N* ratio)."""
     if math.isnan(log_lo) or math.isnan(log_hi):
         return "inconclusive"
     if -margin < log_lo and log_hi < margin:

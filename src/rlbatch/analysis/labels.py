@@ -9,15 +9,15 @@ from __future__ import annotations
 import math
 
 
-def _finite(x) -> float | None:
+def finite_float(x) -> float | None:
     if x is None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
 
 
-def _ratio(num, den) -> float | None:
-    return None if num is None or not den else _finite(num / den)
+def ratio_or_none(num, den) -> float | None:
+    return None if num is None or not den else finite_float(num / den)
 
 
 def config_labels(entries: list[dict]) -> dict[str, str]:

@@ -1,37 +1,13 @@
 """Noise-scale model of batch size (McCandlish et al. 2018) over run logs.
 
-McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", arXiv:1812.06162)
-model the optimizer steps S and samples E needed to reach a fixed target at batch B as
-
-    S = S_min (1 + B_noise / B),    E = E_min (1 + B / B_noise),    E = B S,
-
-equivalently (S/S_min - 1)(E/E_min - 1) = 1 with B_noise = E_min / S_min. Expanding the
-product gives S E = S E_min + S_min E, i.e. dividing by S E,
-
-    1/S = 1/S_min - (E_min / S_min) * (1/E),
-
-a straight line in (1/E, 1/S): intercept a = 1/S_min, slope b = -E_min/S_min. So
-S_min = 1/a, E_min = -b/a and B_crit = E_min/S_min = -b, their *critical batch* at which
-training takes twice the minimum steps and twice the minimum samples (50% efficiency on
-both). Here S = N*/B (rollout steps) and E = N* (samples); B is sequences per step.
-
-Under the same model, Zhang et al. 2024's critical batch size (CBS: 20% more steps than
-perfect linear scaling, S(B) = 1.2 E_min/B) is B = 0.2 B_crit; reported as model-implied.
-
-B_simple = tr(Sigma)/|G|^2 logged per step (`actor/noise_scale`, `critic/noise_scale`,
-estimated by algos/noise_scale.py) is summarized per run as its median over the second half
-of training (rows with samples > half of the run's last samples), where it is most stable.
-
-Prediction of time to target from short probes (docs/design.md T = N*/q):
-    N*_hat(B) = N*_ref (1 + B/B_noise) / (1 + B_ref/B_noise),   T_hat(B) = N*_hat(B) / q_hat(B)
-with B_noise = B_simple (actor) when logged, else the fitted B_crit. B and B_noise must be in
-the same unit (`compared_batch`). B_simple is the noise scale of the gradient of one optimizer
-update, so the batch it is compared with is the optimizer minibatch (`minibatch_sequences` =
-sequences per step / minibatches per step), not the rollout batch: a run with 4 minibatches
-per step takes 4 updates of B/4 sequences each. The fitted B_crit is in sequences per step
-(S above counts rollout steps), so it is compared with `sequences_per_step`. With several
-epochs per step a sample enters several updates, which the model does not describe.
-No torch import.
+Fits the model S = S_min (1 + B_noise/B), E = E_min (1 + B/B_noise) of McCandlish et al.
+(arXiv:1812.06162) to the runs' rollout steps S = N*/B and samples E = N* to target: a
+straight line in (1/E, 1/S) gives S_min, E_min and their critical batch B_crit =
+E_min/S_min, reported with the 20%-overhead CBS of Zhang et al. 2024 that it implies. It
+also summarizes the logged B_simple (algos/noise_scale.py) per run, and predicts time to
+target at other batch sizes from a reference run, T_hat(B) = N*_hat(B) / q_hat(B). The
+derivation, the summary statistic and which batch each noise scale is compared with:
+docs/design.md, "Module notes". No torch import.
 """
 
 from __future__ import annotations
@@ -114,7 +90,8 @@ def choose_b_noise(actor_b_simple: list[float | None], fit: dict) -> tuple[float
 
 
 def compared_batch(b_noise_source: str | None) -> str:
-    """The configuration key of the batch B_noise is compared with (module docstring):
+    """The configuration key of the batch B_noise is compared with (docs/design.md, "Module
+    notes"):
     `minibatch_sequences` for the logged B_simple (per optimizer update), else
     `sequences_per_step` (the unit of the McCandlish fit)."""
     return "minibatch_sequences" if b_noise_source == "b_simple_actor" else "sequences_per_step"

@@ -1,43 +1,15 @@
 """Time to target predicted from a probe: a candidate's short prefix against the baseline.
 
-A probe runs a candidate for only a fraction of the samples the baseline needed to reach
-the target. What the prefix tells, with intervals (docs/design.md, Method; the probe is the
-cheap form of "align, then accelerate"):
-
-1. **Sample-efficiency ratio r** (the candidate's N* over the baseline's): the stretch of the
-   samples axis that best maps the baseline's mean curve onto the candidate's,
-   cand(x) ~ base(x / r). Fitted by least squares over the candidate's evaluations after
-   step 0 (x = 0 maps to itself for every r and says nothing), r on a log grid over
-   [1/R_RANGE, R_RANGE]. r = 1 means the curves are aligned on the samples axis; r = 1.3
-   means the candidate needs 1.3x the samples for the same progress.
-2. **Its interval**, by a parametric bootstrap: each draw perturbs the baseline's mean
-   curve by its own noise (the seed-to-seed sd over the square root of the seeds covering
-   each point), adds to the fitted candidate curve a noise of one seed's sd (the spread one
-   seed of the candidate is expected to show), and refits r. The sd is pooled over the
-   baseline's seeds (`MeanCurve`).
-3. **Alignment verdict** on log r: `invariance.verdict`, the same equivalence rule and
-   margin the full analysis applies to log(N* ratio) (`aligned`, `departed`,
-   `inconclusive`).
-4. **Steady-state throughput q**: samples per training second over the steps after the
-   first `skip_steps` (one-off allocation and warm-up), with a bootstrap over steps.
-5. **Predicted N* and T** per draw: N*_cand = r x N*_base (N*_base: the median crossing of a
-   resample of the baseline's seeds that reached the target), T_cand = N*_cand / q_cand;
-   the interval is the percentile interval of the draws.
-6. **Intervals across probes** (`across_probes`, what a probe profile uses and prints): the
-   bootstrap of 2-5 sees one run's evaluation noise, not how differently another seed of
-   the same configuration would have learned, so against runs to the target its "90%"
-   holds the truth in 62-78% of probes (docs/analysis.md, "Probe predictions"). A probe's
-   log prediction error is d_c - d_B + e_c: its own seed's deviation, the baseline run's
-   (common to every probe) and the prefix's extrapolation error. The spread S of the
-   probes' log predictions around each other estimates var(d_c + e_c) plus the true
-   differences between candidates, at least half of the error's variance (var d_B equals
-   var d_c), so the interval log prediction +- t(k - 1) sqrt(2) S over k probes keeps its
-   level, conservatively where candidates truly differ. The baseline's own probe seed,
-   predicted against the baseline run alone, is one of the k (its true ratio is 1), so one
-   candidate already has an interval, with 1 degree of freedom: wide, as it should be.
-   Fewer than 2 probes give none.
-
-Everything here is pure numpy on arrays the caller reads from run logs. No torch import.
+A probe runs a candidate for a fraction of the samples the baseline needed to reach the
+target (docs/design.md, Method, "Probes"). From the prefix: the sample-efficiency ratio r
+(the stretch of the samples axis that maps the baseline's mean curve onto the candidate's,
+fitted by least squares on a log grid) with a parametric-bootstrap interval, the alignment
+verdict on log r (`invariance.verdict`), the steady-state throughput q, and the predicted
+N* = r N*_base and T = N*/q. `across_probes` replaces the per-probe intervals by ones built
+from the probes' spread around each other, which keep their level where one probe's own
+bootstrap does not. The estimators, the bootstrap and the argument for the across-probe
+interval: docs/design.md, "Module notes". Pure numpy on arrays the caller reads from run
+logs; no torch import.
 """
 
 from __future__ import annotations
@@ -151,16 +123,40 @@ def steady_throughput(samples: np.ndarray, seconds: np.ndarray, skip_steps: int 
 
 
 def _interval(draws: np.ndarray, ci: float) -> list:
-    """Percentile interval of the finite draws. Measured on constructed curves (three
-    baseline seeds, one candidate seed, 60 datasets each; tests/test_prediction.py builds
-    them): the nominal 90% interval of r held the true r in 70% (r = 1), 83% (r = 1.8) and
-    80% (r = 0.55) of datasets, so read it as about a 75% interval (a reverse-percentile
-    interval did no better; the fit of r is slightly biased, +2% at r = 1)."""
+    """Percentile interval of the finite draws. On constructed curves its nominal level
+    overstates how often it holds the true r (docs/benchmarks.md, "Probe bootstrap interval
+    on constructed curves"), one reason decisions use `across_probes` instead."""
     draws = draws[np.isfinite(draws)]
     if len(draws) == 0:
         return [None, None]
     a = (1 - ci) / 2
     return [float(np.quantile(draws, a)), float(np.quantile(draws, 1 - a))]
+
+
+def _bootstrap_draws(rng: np.random.Generator, base_mean: MeanCurve, cand: Curve, r: float,
+                     nstars: np.ndarray, pairs: np.ndarray, pairs0: np.ndarray,
+                     n_boot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`n_boot` parametric-bootstrap draws of (r, the baseline's N*, q_cand, q_base): each
+    perturbs the baseline's mean curve by its own noise and the fitted candidate curve by one
+    seed's sd, refits r, and resamples the baseline's crossings and both runs' timed steps."""
+    cs, _ = _clean(cand)
+    cs = cs[cs > 0]
+    g, m0, sd = base_mean.grid, base_mean.mean, base_mean.sd or 0.0
+    fitted = np.interp(cs / r, g, m0)
+    mean_sd = sd / np.sqrt(base_mean.count)  # the baseline mean's own noise, per point
+    r_draws, n_draws, q_draws = np.empty(n_boot), np.empty(n_boot), np.empty(n_boot)
+    q0_draws = np.empty(n_boot)
+    for b in range(n_boot):
+        m = m0 + rng.normal(0.0, 1.0, len(g)) * mean_sd
+        noisy = fitted + rng.normal(0.0, sd, len(cs))
+        rb = fit_ratio(g, m, (cs, noisy))
+        r_draws[b] = np.nan if rb is None else rb
+        n_draws[b] = np.median(nstars[rng.integers(0, len(nstars), len(nstars))])
+        rows = pairs[rng.integers(0, len(pairs), len(pairs))]
+        q_draws[b] = rows[:, 0].sum() / rows[:, 1].sum()
+        rows = pairs0[rng.integers(0, len(pairs0), len(pairs0))]
+        q0_draws[b] = rows[:, 0].sum() / rows[:, 1].sum()
+    return r_draws, n_draws, q_draws, q0_draws
 
 
 def predict(base: BaselineCurves, cand: Curve, steps: tuple[np.ndarray, np.ndarray], *,
@@ -190,26 +186,11 @@ def predict(base: BaselineCurves, cand: Curve, steps: tuple[np.ndarray, np.ndarr
     if q is None:
         out["problem"] = "no timed steps after the warm-up"
         return out
-    cs, _ = _clean(cand)
-    cs = cs[cs > 0]
-    g, m0, sd = base_mean.grid, base_mean.mean, base_mean.sd or 0.0
-    fitted = np.interp(cs / r, g, m0)
-    mean_sd = sd / np.sqrt(base_mean.count)  # the baseline mean's own noise, per point
     nstars = np.asarray(base.nstars, dtype=float)
     q0, pairs0 = (None, pairs) if base_steps is None else \
         steady_throughput(*base_steps, skip_steps=skip_steps)
-    r_draws, n_draws, q_draws = np.empty(n_boot), np.empty(n_boot), np.empty(n_boot)
-    q0_draws = np.empty(n_boot)
-    for b in range(n_boot):
-        m = m0 + rng.normal(0.0, 1.0, len(g)) * mean_sd
-        noisy = fitted + rng.normal(0.0, sd, len(cs))
-        rb = fit_ratio(g, m, (cs, noisy))
-        r_draws[b] = np.nan if rb is None else rb
-        n_draws[b] = np.median(nstars[rng.integers(0, len(nstars), len(nstars))])
-        rows = pairs[rng.integers(0, len(pairs), len(pairs))]
-        q_draws[b] = rows[:, 0].sum() / rows[:, 1].sum()
-        rows = pairs0[rng.integers(0, len(pairs0), len(pairs0))]
-        q0_draws[b] = rows[:, 0].sum() / rows[:, 1].sum()
+    r_draws, n_draws, q_draws, q0_draws = _bootstrap_draws(
+        rng, base_mean, cand, r, nstars, pairs, pairs0, n_boot)
     nstar = r * float(np.median(nstars))
     r_ci = _interval(r_draws, ci)
     log_lo = math.log(r_ci[0]) if r_ci[0] else math.nan

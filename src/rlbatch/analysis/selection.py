@@ -2,31 +2,13 @@
 
 Decision rule (docs/design.md, Method; docs/analysis.md, "The decision"): T = N*/q with q
 measured over the same span as N* (stats.py), so a candidate beats the baseline exactly when
-q_cand/q_base > N*_cand/N*_base. Both ratios are reported with their intervals, and so is
-T_cand/T_base.
-
-Verdicts (one word per meaning; docs/analysis.md):
-- `reference`: the baseline every other configuration is compared with;
-- `too_easy`: the target was met at or before the first evaluation after step 0 by one of
-  its runs, so no N* is resolved; it never enters a decision;
-- `slower`: at least half of its runs were stopped early because they could not beat the
-  baseline's median time to target (stop code `cannot_win`): slower than the baseline is
-  what is known, nothing about alignment;
-- `unconfirmed`: it or the reference has fewer than 2 seeds; its `indication` holds what the
-  single seed suggests, and no interval or P(faster) of it is reported as evidence;
-- `aligned`, `departed`, `fewer_samples`, `inconclusive`: the N* ratio's interval against
-  the margin (invariance.verdict) with at least 2 seeds on both sides.
-
-Recommendation, from the reference's LR-scaling family only (the fixed-LR control is
-reported against its sqrt twin instead), as the method's step 3 reads: a candidate is
-rejected only when its sample efficiency is shown to be worse beyond the margin
-(`departed`), or it is `slower` or `too_easy`; among the rest, those whose T advantage is
-shown (P(faster) above 1 - alpha/m by Holm's step-down over the m candidates of the family,
-alpha = (1 - ci) / 2 one-sided) are `shown faster`, and the lowest T among them wins; otherwise
-the reference is kept. Alignment is a diagnostic. A candidate that needs clearly fewer
-samples than B0 says that eta0 looks under-tuned at B0 (`reference_lr_check`). `evidence`
-says which case holds, and `next` names what to run when the evidence is not enough, with
-the seeds each side needs (`plan`). No torch import.
+q_cand/q_base > N*_cand/N*_base; both ratios and T_cand/T_base are reported with their
+intervals. Each configuration gets one verdict (`reference`, `too_easy`, `slower`,
+`unconfirmed`, `aligned`, `departed`, `fewer_samples`, `inconclusive`). The recommendation,
+from the reference's LR-scaling family only, is the lowest-T candidate whose advantage is
+shown (Holm's step-down over the family), else the reference; `evidence`, `next` and `plan`
+say how strong the case is and what to run next. What each verdict means and the rule in
+full: docs/design.md, "Module notes". No torch import.
 """
 
 from __future__ import annotations

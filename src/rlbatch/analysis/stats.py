@@ -23,9 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlbatch.analysis import seedstats
-
-DEFAULT_CI = 0.90
-DEFAULT_BOOT = 2000
+from rlbatch.analysis.defaults import DEFAULT_BOOT, DEFAULT_CI  # noqa: F401  (re-exported)
 
 
 def boot_indices(n: int, n_boot: int, seed: int, key: str) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from rlbatch.analysis.labels import _finite, _ratio, config_labels
+from rlbatch.analysis.labels import config_labels, finite_float, ratio_or_none
 from rlbatch.analysis.runs import RunFrames
 
 
@@ -20,7 +20,8 @@ def saving_interval(cand: dict, ref: dict, settings: dict) -> list:
     """Interval of 1 - T_cand/T_ref from the analysis's T-ratio interval of the candidate
     (stats.compare); None = unbounded."""
     lo, hi = ((cand.get("vs_reference") or {}).get("time_ratio_ci") or [None, None])
-    return [None if hi is None else _finite(1.0 - hi), None if lo is None else _finite(1.0 - lo)]
+    return [None if hi is None else finite_float(1.0 - hi),
+            None if lo is None else finite_float(1.0 - lo)]
 
 
 def _concurrency(configs: dict | None, config: str) -> int | None:
@@ -48,9 +49,9 @@ def _decision_data(doc: dict, profile: dict | None, configs: dict | None) -> dic
     labels = config_labels(doc["configs"])
     dec = ((profile or {}).get("decision") or {}) if (profile or {}).get("strategy") != "probe" \
         else {}
-    ratio = _ratio(rec["time_to_target"], ref["time_to_target"])
+    ratio = ratio_or_none(rec["time_to_target"], ref["time_to_target"])
     saving = None if rec["is_reference"] or ratio is None else 1.0 - ratio
-    pred = _ratio(e.get("predicted_time_to_target"), ref.get("predicted_time_to_target"))
+    pred = ratio_or_none(e.get("predicted_time_to_target"), ref.get("predicted_time_to_target"))
     return {
         "recommended": True, "config": rec["config"], "label": labels[rec["config"]],
         "is_reference": rec["is_reference"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Annotated
 
@@ -10,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlbatch.analysis.defaults import DEFAULT_BOOT, DEFAULT_CI, DEFAULT_MARGIN
 from rlbatch.analysis.figures import short_labels
 from rlbatch.cli.common import print_json
 from rlbatch.cli.decision_text import decision_lines
@@ -93,11 +93,11 @@ def analyze(
                    "config target"),
     reference: str | None = typer.Option(None, help="run directory of the reference "
                                                        "configuration (default: B == B0)"),
-    margin: float = typer.Option(math.log(1.15), show_default=False,
+    margin: float = typer.Option(DEFAULT_MARGIN, show_default=False,
                                  help="margin m on log(N* ratio) [default: log(1.15) = 0.140]"),
-    ci: float = typer.Option(0.90, help="level of the two-sided intervals across seeds"),
-    bootstrap: int = typer.Option(2000, help="bootstrap resamples of the invariance curves' "
-                                  "bands"),
+    ci: float = typer.Option(DEFAULT_CI, help="level of the two-sided intervals across seeds"),
+    bootstrap: int = typer.Option(DEFAULT_BOOT, help="bootstrap resamples of the invariance "
+                                  "curves' bands"),
     seed: int = typer.Option(0, help="seed of that bootstrap"),
     statistic: str = typer.Option("crossing", help="a run's N*: crossing (its first crossing "
                                   "of the target) | stretch (a stretch fitted to its rising "

@@ -9,9 +9,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
+from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve, whole_numbers
 from rlbatch.core.config import LR_EXPONENTS, scaled_lr
-from rlbatch.core.errors import EXIT_USAGE, ConfigError
+from rlbatch.core.errors import EXIT_USAGE, ConfigError, UserError
 from rlbatch.core.loading import preset_names, preset_summary
 
 config_app = typer.Typer(help="Resolve and validate configurations.", no_args_is_help=True)
@@ -38,16 +38,43 @@ def check(
     preset: str | None = PresetOption,
     set_: list[str] | None = SetOption,
 ) -> None:
-    """Validate a config; if it is bad, exit 2 with one line per error, each naming its field
-    and file:line."""
+    """Validate a config, and what `rlbatch train` checks before it writes anything: the
+    dataset, the reward function (imported, its signature bound), a local model folder, and
+    eval.prompts against the held-out set. If anything is bad, exit 2 with one line per
+    error, each naming its field or file:line."""
     try:
         cfg = resolve(config, preset, set_)
     except ConfigError as exc:
         for line in getattr(exc, "all_errors", None) or [str(exc)]:
             print(f"error: {line}", file=sys.stderr)
         raise typer.Exit(EXIT_USAGE)
+    problems = _what_train_checks(cfg)
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    if problems:
+        raise typer.Exit(EXIT_USAGE)
     print(f"ok: {cfg.algorithm} P={cfg.batch.prompts_per_step} G={cfg.batch.samples_per_prompt} "
           f"B={cfg.sequences_per_step} sequences, lr={cfg.actor_lr:.4g}")
+
+
+def _what_train_checks(cfg) -> list[str]:
+    """The errors `rlbatch train` would stop at before writing anything, beyond the config
+    itself (the built-in tiny model is not built here)."""
+    from rlbatch.rollout.datasets import build_task, check_eval_prompts
+    from rlbatch.rollout.models import resolve_model_path
+
+    errors = []
+    try:
+        task = build_task(cfg.task)
+        check_eval_prompts(task, cfg.eval.prompts, cfg.task.eval_path or cfg.task.path)
+    except UserError as exc:
+        errors.append(str(exc))
+    if cfg.model != "tiny":
+        try:
+            resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits)
+        except UserError as exc:
+            errors.append(str(exc))
+    return errors
 
 
 @config_app.command("presets")
@@ -71,14 +98,8 @@ def lr_scale(
         raise ConfigError(f"--rule: unknown rule '{rule}'; use sqrt, linear or none")
     if reference_sequences <= 0 or reference_lr <= 0:
         raise ConfigError("--reference-sequences and --reference-lr must be positive")
-    try:
-        values = [int(s) for s in sequences.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"--sequences: expected comma-separated integers, got '{sequences}'")
-    if not values or any(v <= 0 for v in values):
-        raise ConfigError("--sequences: give one or more positive integers")
     rows = [{"sequences": b, "lr": scaled_lr(reference_lr, reference_sequences, b, rule)}
-            for b in values]
+            for b in whole_numbers(sequences, "--sequences")]
     if as_json:
         print_json({"rule": rule, "reference_sequences": reference_sequences,
                     "reference_lr": reference_lr, "rows": rows})

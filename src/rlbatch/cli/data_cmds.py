@@ -16,7 +16,7 @@ import typer
 
 from rlbatch.cli.common import print_json
 from rlbatch.core.errors import ConfigError
-from rlbatch.core.sections import RolloutConfig
+from rlbatch.core.sections import RolloutConfig, TaskConfig
 from rlbatch.rollout.datasets import check_dataset
 
 FORMATS = ("auto", "jsonl", "parquet", "verl")
@@ -38,7 +38,8 @@ def check(
     reward: str = typer.Option(
         "exact", help="exact | numeric | gsm8k | boxed | module:function (imported from the "
         "Python path: the working directory under python -m, PYTHONPATH)"),
-    tolerance: float = typer.Option(1e-6, help="relative tolerance of numeric comparisons"),
+    tolerance: float = typer.Option(TaskConfig().tolerance,
+                                    help="relative tolerance of numeric comparisons"),
     model: str | None = typer.Option(
         None, help="local checkpoint folder: check that every prompt fits its context"),
     max_new_tokens: int = typer.Option(

@@ -35,7 +35,14 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
     ci = f"{doc['settings']['ci']:.0%}"
     if rec is None:
         return [f"decision: none ({doc.get('problem') or 'the reference has no time to target'})"]
-    e = entries[rec["config"]]
+    return (_headline(rec, entries[rec["config"]], ci, concurrency)
+            + _compared_lines(rec, entries, labels)
+            + _screened_lines(doc, rec, entries, labels)
+            + _closing_lines(doc, rec, labels))
+
+
+def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]:
+    """The `decision:` line and the `evidence:` line."""
     where = (f"P={e['prompts_per_step']} G={e['samples_per_prompt']} (B={e['sequences_per_step']})"
              f", lr={num(e['lr'])}" + (f", C={concurrency}" if concurrency else ""))
     lines = []
@@ -52,7 +59,14 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
              if str(rec.get("statistic", "")).startswith("stretch")
              else "N* at each run's first crossing of the target")
     lines.append(f"evidence: {rec['evidence']} ({why}); geometric means across seeds, {ci} "
-                 f"intervals, T = N*/q, {nstar}")
+                 f"intervals, each on its own (docs/analysis.md, 'Two intervals read "
+                 f"together'), T = N*/q, {nstar}")
+    return lines
+
+
+def _compared_lines(rec: dict, entries: dict, labels: dict) -> list[str]:
+    """One line per configuration the decision compared."""
+    lines = []
     rejected = {r["config"]: r["why"] for r in rec.get("rejected") or []}
     for c in rec["compared"]:
         ce = entries[c["config"]]
@@ -65,17 +79,29 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
         else:
             lines.append(f"{head}: T {num(ce['time_to_target'])} s"
                          f"{interval(ce['time_to_target_ci'])}")
+    return lines
+
+
+def _screened_lines(doc: dict, rec: dict, entries: dict, labels: dict) -> list[str]:
+    """The reference family's configurations left out of the comparison, with their verdicts."""
     compared = {c["config"] for c in rec["compared"]}
     ref = entries[doc["reference"]["config"]]
     screened = [x for x in doc["configs"] if x["config"] not in compared
                 and x["verdict"] != "reference" and x["algorithm"] == ref["algorithm"]
                 and x["lr_scaling"] == ref["lr_scaling"]]  # other LR rules: control line
+    lines = []
     for x in screened:
         note = x["verdict"] + (f" (one seed suggests {x['indication']})"
                                if x["verdict"] == "unconfirmed" and x.get("indication") else "")
         vs = x.get("vs_reference") or {}
         lines.append(f"  screened: {labels[x['config']]} ({x['seeds']} seed(s)): {note}; "
                      f"T ratio {num(vs.get('time_ratio'))}")
+    return lines
+
+
+def _closing_lines(doc: dict, rec: dict, labels: dict) -> list[str]:
+    """Fixed-LR controls, the reference-LR note, the seed plan and `next:`."""
+    lines = []
     for c in doc.get("fixed_lr_controls") or []:
         lines.append(f"fixed-LR control {labels[c['control']]} vs its sqrt twin: N* ratio "
                      f"{num(c['samples_ratio'])}{interval(c['samples_ratio_ci'])}, T ratio "

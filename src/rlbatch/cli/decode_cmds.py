@@ -11,20 +11,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlbatch.cli.common import print_json
+from rlbatch.cli.common import print_json, whole_numbers
 from rlbatch.core.errors import ConfigError
 
 GIB = 2 ** 30
-
-
-def parse_concurrency(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise ConfigError(f"--concurrency: expected comma-separated integers, got '{text}'") from None
-    if not values:
-        raise ConfigError("--concurrency: give one or more positive integers")
-    return values
 
 
 def decode_bench(
@@ -54,9 +44,13 @@ def decode_bench(
     if memory_budget is not None and memory_budget <= 0:
         raise ConfigError("--memory-budget: must be positive (GiB)")
     budget = None if memory_budget is None else max(1, int(memory_budget * GIB))
-    spec = BenchSpec(concurrency=parse_concurrency(concurrency), prompt_tokens=prompt_tokens,
-                     new_tokens=new_tokens, reps=reps, memory_budget_bytes=budget,
-                     latency_cap_s=latency_cap_s, min_sequences=min_sequences)
+    values = whole_numbers(concurrency, "--concurrency")
+    if values != sorted(set(values)):
+        raise ConfigError("--concurrency: values must be increasing and distinct")
+    spec = BenchSpec(concurrency=tuple(values),
+                     prompt_tokens=prompt_tokens, new_tokens=new_tokens, reps=reps,
+                     memory_budget_bytes=budget, latency_cap_s=latency_cap_s,
+                     min_sequences=min_sequences)
     err = Console(stderr=True)
     with Progress(TextColumn("decode-bench C={task.fields[c]}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=err,

@@ -11,12 +11,32 @@ naming its file; any other exception keeps its traceback.
 from __future__ import annotations
 
 import inspect
+import signal
 import sys
 
 import typer
 from typer.core import TyperOption
 
-from rlbatch.core.errors import EXIT_USAGE, Terminated, UserError, output_error
+from rlbatch.cli import (
+    analyze_cmds,
+    config_cmds,
+    data_cmds,
+    decode_cmds,
+    ingest_cmds,
+    model_cmds,
+    plan_cmds,
+    profile_cmds,
+    report_cmds,
+    train_cmds,
+)
+from rlbatch.core.errors import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    RunFailed,
+    Terminated,
+    UserError,
+    output_error,
+)
 
 app = typer.Typer(
     name="rlbatch",
@@ -27,21 +47,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-
-
-def _register() -> None:
-    from rlbatch.cli import config_cmds
-
-    config_cmds.register(app)
-    for name in ("model_cmds", "train_cmds", "decode_cmds", "profile_cmds", "analyze_cmds", "data_cmds",
-                 "plan_cmds", "ingest_cmds", "report_cmds"):
-        try:
-            module = __import__(f"rlbatch.cli.{name}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"rlbatch.cli.{name}":
-                raise
-            continue
-        module.register(app)
 
 
 def _unwrap(doc: str | None) -> str | None:
@@ -68,7 +73,9 @@ def _flag_type(self, ctx):
 
 _option_type = TyperOption.display_type_rich
 TyperOption.display_type_rich = _flag_type
-_register()
+for _module in (config_cmds, model_cmds, train_cmds, decode_cmds, profile_cmds, analyze_cmds,
+                data_cmds, plan_cmds, ingest_cmds, report_cmds):  # the order of `rlbatch --help`
+    _module.register(app)
 _tidy_help(app)
 
 
@@ -78,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     common.INVOKED[:] = list(argv) if argv is not None else sys.argv[1:]
     try:
         app(args=argv, prog_name="rlbatch")
+    except RunFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -92,6 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     except Terminated as exc:
         print(str(exc), file=sys.stderr)
         sys.exit(128 + exc.signum)
+    finally:
+        if argv is None:  # the process ends now: a late Ctrl-C must not raise in atexit callbacks
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

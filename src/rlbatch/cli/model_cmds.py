@@ -33,8 +33,6 @@ def build(
     """Build the tiny Llama model + tokenizer offline and warm-start it on the task by SFT
     until held-out accuracy is in the warm-start band; print parameters, time, accuracy.
     With --random: build a random model of --size or --layout instead (throughput only)."""
-    import shutil
-
     if random:
         _build_random(size, layout, dtype, seed, out, force, as_json)
         return
@@ -42,6 +40,12 @@ def build(
         from rlbatch.core.errors import ConfigError
 
         raise ConfigError("--size, --layout and --out need --random")
+    _build_tiny(task, digits, force, as_json)
+
+
+def _build_tiny(task: str, digits: int | None, force: bool, as_json: bool) -> None:
+    """`rlbatch model build` without --random: the warm-started tiny model of `task`."""
+    import shutil
 
     from rlbatch.core.config import DEFAULT_DIGITS
     from rlbatch.core.errors import ConfigError

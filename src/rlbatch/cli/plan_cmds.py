@@ -11,20 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rlbatch.cli.common import print_json
-from rlbatch.core.errors import ConfigError
+from rlbatch.cli.common import print_json, whole_numbers
 from rlbatch.interop.ingest import read_framework_config
 from rlbatch.interop.plan import fmt, make_plan, merge_base
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag}: expected comma-separated integers, got '{text}'") from None
-    if not values:
-        raise ConfigError(f"{flag}: give one or more positive integers")
-    return values
 
 
 def render(doc: dict) -> None:
@@ -75,8 +64,8 @@ def plan(
         file_config = read_framework_config(framework, base, num_processes or 1)
     base_cfg = merge_base(framework, file_config, base_prompts, samples_per_prompt, base_lr,
                           mini_batch_prompts)
-    doc = make_plan(base_cfg, _ints(prompts, "--prompts"), rule, num_processes=num_processes,
-                    per_device_batch=per_device_batch)
+    doc = make_plan(base_cfg, whole_numbers(prompts, "--prompts"), rule,
+                    num_processes=num_processes, per_device_batch=per_device_batch)
     if as_json:
         print_json(doc)
     else:

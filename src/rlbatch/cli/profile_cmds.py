@@ -10,23 +10,10 @@ from rich.live import Live
 from rich.table import Table
 
 from rlbatch.cli import common
-from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
+from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve, whole_numbers
 from rlbatch.cli.decision_text import decision_lines
-from rlbatch.core.errors import ConfigError
 
 err = Console(stderr=True)
-
-
-def _ints(text: str | None, flag: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag}: expected comma-separated integers, got '{text}'")
-    if not values or any(v <= 0 for v in values):
-        raise ConfigError(f"{flag}: give one or more positive integers")
-    return values
 
 
 def _table(rows: list[dict], metric: str) -> Table:
@@ -55,25 +42,25 @@ def profile(
     backend: str | None = typer.Option(None, help="trainer for the trials: builtin | trl"),
     executor: str = typer.Option("local", help="local | ray"),
     address: str | None = typer.Option(None, help="Ray cluster address (e.g. auto)"),
-    workers: int | None = typer.Option(None, help="trials at once (profile.workers, default 1)"),
+    workers: int | None = typer.Option(None, help="trials at once (default: profile.workers)"),
     strategy: str | None = typer.Option(
         None, help="full (every candidate towards the target) | probe (short probes, "
         "predicted time to target, only the predicted winner run to the target)"),
     out: str | None = typer.Option(None, "--out", help="profile directory"),
     as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
 ) -> None:
-    """Run the two-pass procedure: baseline, sqrt-scaled candidates and a fixed-LR control,
-    alignment checks with early stopping, a decode-concurrency sweep, the full loop to the
-    target, selection of the fastest aligned configuration. Re-run to resume after a kill."""
-    from rlbatch.profile.executors import make_executor
-    from rlbatch.profile.probing import run_probe_profile
-    from rlbatch.profile.procedure import run_profile
+    """Find the configuration with the lowest time to target: the baseline, sqrt-scaled
+    candidates and a fixed-LR control, alignment checks on the samples axis with early
+    stopping (or, with --strategy probe, short probes and predicted times), a
+    decode-concurrency sweep, the fastest aligned configuration. Re-run to resume after a
+    kill."""
+    from rlbatch.profile import driver, executors, probing, procedure
 
     overrides = list(set_ or [])
     if batches:
-        overrides.append(f"profile.prompts_per_step=[{','.join(map(str, _ints(batches, '--batches')))}]")
+        overrides.append(f"profile.prompts_per_step={whole_numbers(batches, '--batches')}")
     if concurrency:
-        overrides.append(f"profile.concurrency=[{','.join(map(str, _ints(concurrency, '--concurrency')))}]")
+        overrides.append(f"profile.concurrency={whole_numbers(concurrency, '--concurrency')}")
     if seeds is not None:
         overrides.append(f"profile.seeds={seeds}")
     if workers is not None:
@@ -88,8 +75,9 @@ def profile(
         preset = "quick"
     cfg = resolve(config, preset, overrides)
     out_dir = out or f"profiles/{cfg.name}"
-    ex = make_executor(executor, cfg.profile.workers, address)
-    run = run_probe_profile if cfg.profile.strategy == "probe" else run_profile
+    driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
+    ex = executors.make_executor(executor, cfg.profile.workers, address)
+    run = probing.run_probe_profile if cfg.profile.strategy == "probe" else procedure.run_profile
     try:
         with Live(_table([], cfg.target.metric), console=err, refresh_per_second=2) as live:
             doc = run(cfg, out_dir, ex,

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
-from rlbatch.core.errors import Terminated
+from rlbatch.core.errors import EXIT_DIVERGED, EXIT_FAILED, pending_stop, stop_signal
 
 err = Console(stderr=True)
 
@@ -49,34 +49,57 @@ def train(
     if config is None and preset is None:
         preset = "grpo-tiny"
     cfg = resolve(config, preset, overrides)
-    if cfg.backend == "trl":  # TRL's GRPOTrainer; same .cb / .run() / .state surface
-        from rlbatch.backends.trl.run import TRLRun
+    with _stop_signals():  # from here on, a signal is written down as the run's end
+        if cfg.backend == "trl":  # TRL's GRPOTrainer; same .cb / .run() / .state surface
+            from rlbatch.backends.trl.run import TRLRun
 
-        trainer = TRLRun(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
-    else:
-        trainer = Trainer(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
-    with _progress(cfg) as show:
-        state: dict = {"eval": None, "row": None}
+            trainer = TRLRun(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
+        else:
+            trainer = Trainer(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
+        with _progress(cfg) as show:
+            state: dict = {"eval": None, "row": None}
 
-        def on_event(kind: str, row: dict) -> None:
-            if kind == "eval":  # the evaluation of the step last reported: show it with it
-                state["eval"] = row.get(cfg.target.metric)
-                if state["row"] is None or state["row"]["step"] != row["step"]:
-                    show(row["samples"], None)
-                    return
-                row = state["row"]
-            state["row"] = row
-            ev = state["eval"]
-            show(row["samples"], f"step {row['step']} reward {row['reward/mean']:.3f} "
-                                 f"{cfg.target.metric} {'-' if ev is None else f'{ev:.3f}'}"
-                                 f" | {_split(row)}")
+            def on_event(kind: str, row: dict) -> None:
+                if kind == "eval":  # the evaluation of the step last reported: show it with it
+                    value = row.get(cfg.target.metric)  # NaN: not measured, shown as '-'
+                    state["eval"] = value if value is None or math.isfinite(value) else None
+                    if state["row"] is None or state["row"]["step"] != row["step"]:
+                        show(row["samples"], None)
+                        return
+                    row = state["row"]
+                state["row"] = row
+                ev = state["eval"]
+                show(row["samples"], f"step {row['step']} reward {row['reward/mean']:.3f} "
+                                     f"{cfg.target.metric} {'-' if ev is None else f'{ev:.3f}'}"
+                                     f" | {_split(row)}")
 
-        trainer.cb = on_event
-        summary = _run_terminable(trainer)
+            trainer.cb = on_event
+            summary = trainer.run()
     run_dir = trainer.state.dir
     if as_json:
         print_json({"run_dir": str(run_dir), **summary})
+    else:
+        _print_summary(run_dir, summary)
+    _exit_for(summary)
+
+
+def _exit_for(summary: dict) -> None:
+    """Exit status 0 only for a run that reached a final status (target_reached,
+    budget_exhausted, stopped); `diverged` exits with EXIT_DIVERGED, anything else (a failed
+    run's summary, which run() does not return but a finished one could hold) EXIT_FAILED."""
+    status = summary.get("status")
+    if status in ("target_reached", "budget_exhausted", "stopped"):
         return
+    if status == "diverged":
+        print(f"error: the run diverged ({summary.get('nonfinite_skipped')} non-finite "
+              "updates skipped; nonfinite.max_consecutive reached)", file=sys.stderr)
+        raise typer.Exit(EXIT_DIVERGED)
+    print(f"error: the run ended {status}: {summary.get('failure') or 'no reason recorded'}",
+          file=sys.stderr)
+    raise typer.Exit(EXIT_FAILED)
+
+
+def _print_summary(run_dir, summary: dict) -> None:
     t = summary["target"]
     crossing = (f"reached at {t['samples']:,} samples, {t['train_s']:.1f} s" if t["reached"]
                 else "not reached")
@@ -128,18 +151,31 @@ def _progress(cfg):
             print(line(*last["line"]), file=sys.stderr, flush=True)
 
 
-def _run_terminable(trainer) -> dict:
-    """trainer.run() with SIGTERM raised as `Terminated`, so the run is marked failed (and
-    resumable) instead of being left `running`."""
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
-    def on_term(signum, frame):
-        raise Terminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+@contextlib.contextmanager
+def _stop_signals():
+    """SIGTERM and SIGHUP (a closed terminal) raise `Terminated`, SIGINT raises `Interrupted`,
+    so the run is marked failed (and resumable) instead of being left `running`. Only the first
+    signal is raised: later ones are ignored until the handlers are removed, so repeated
+    Ctrl-Cs cannot cut the status write short (it comes first, then the shutdown)."""
+
+    def on_signal(signum, frame):
+        if pending_stop() is None:
+            raise stop_signal(signum)
+
+    # a signal ignored when we started (`nohup` ignores SIGHUP, a shell's `&` job SIGINT)
+    # stays ignored
+    previous = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS
+                if signal.getsignal(s) is not signal.SIG_IGN}
     try:
-        return trainer.run()
+        yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        stopped = pending_stop() is not None
+        for s, handler in previous.items():  # after a stop, Ctrl-C stays ignored to the exit
+            signal.signal(s, signal.SIG_IGN if stopped and s == signal.SIGINT else handler)
+        stop_signal(None)
 
 
 def _threshold(t: dict) -> str:

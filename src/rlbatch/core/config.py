@@ -34,15 +34,15 @@ from rlbatch.core.sections import (  # noqa: F401  (re-exported: the config's pu
     ProfileConfig,
     RewardConfig,
     RolloutConfig,
+    StrictModel,
     TargetConfig,
     TaskConfig,
-    _Strict,
     scaled_adam,
     scaled_lr,
 )
 
 
-class Config(_Strict):
+class Config(StrictModel):
     name: str = "run"
     model: str = Field("tiny", description="'tiny' (built-in default) or a local HF checkpoint")
     algorithm: Literal["grpo", "ppo"] = "grpo"
@@ -164,7 +164,7 @@ class Config(_Strict):
     def resolved_dict(self) -> dict:
         """Inputs plus `derived:`; what config.yaml holds and `config show` prints."""
         out = self.model_dump(mode="json")
-        if not out["trackers"]:  # sinks, not the experiment: no trackers keeps run ids as before
+        if not out["trackers"]:  # sinks, not the experiment: an empty list leaves the run id alone
             del out["trackers"]
         out["derived"] = self.derived()
         return out

@@ -15,6 +15,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1  # a run that ended `failed` (its one-line reason on stderr)
+EXIT_DIVERGED = 3  # a run that ended `diverged`: finished, but not a result
+
+
+def sanitize(text: str, *, multiline: bool = False) -> str:
+    """Outside text (a reward's exception, a dataset value, a framework's log line) made safe
+    for a terminal: every character that does not print (ESC, CR, BEL, backspace, the other C0
+    and C1 controls, DEL, bidi overrides) is written as its escape (`\\x1b`), so it cannot
+    clear the screen, move the cursor or overwrite a line. `multiline` keeps newlines (and
+    tabs); else they are escaped too. Every message that quotes outside text goes through it."""
+    keep = "\n\t" if multiline else ""
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in str(text))
 
 
 class UserError(Exception):
@@ -25,7 +37,7 @@ class UserError(Exception):
         text = " ".join((f"{where}: {message}" if where else message).split("\n"))
         # characters that do not print (ESC, CR, C1 controls) quoted from a file would rewrite
         # the terminal: they are escaped
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
+        super().__init__(sanitize(text))
 
 
 class ConfigError(UserError):
@@ -112,6 +124,43 @@ def _blocking_file(path: str) -> str:
     while part and not os.path.exists(part):
         part = os.path.dirname(part) if os.path.dirname(part) != part else ""
     return part if part and not os.path.isdir(part) else path
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) as `rlbatch train` raises it, told apart from a KeyboardInterrupt that
+    a reward function raises itself (a reward fault, rollout/reward_runner.py)."""
+
+    def __init__(self):
+        super().__init__("interrupted by SIGINT")
+
+
+class RunFailed(Exception):
+    """A run that ended `failed` for a reason that is not bad input (a `sys.exit` inside the
+    run, say): the CLI prints the one-line reason and exits with `EXIT_FAILED`."""
+
+
+_STOP: list[BaseException] = []  # the exception of the first stop signal, while it is handled
+
+
+def stop_signal(signum: int | None) -> BaseException | None:
+    """Record the stop signal `signum` (SIGINT, SIGTERM, SIGHUP) and return its exception, or,
+    with None, forget the recorded one. Only the first counts: while it is handled (until the
+    CLI's handlers are removed) `pending_stop()` returns it, and later signals are ignored so
+    they cannot cut the run's status write short."""
+    import signal
+
+    if signum is None:
+        _STOP.clear()
+        return None
+    if not _STOP:
+        _STOP.append(Interrupted() if signum == signal.SIGINT else Terminated(signum))
+    return _STOP[0]
+
+
+def pending_stop() -> BaseException | None:
+    """The stop signal's exception if one arrived (a reward that swallowed it with its own
+    `except Exception` is not allowed to keep the run going)."""
+    return _STOP[0] if _STOP else None
 
 
 class Terminated(Exception):

@@ -25,6 +25,8 @@ from pydantic import BaseModel, ValidationError
 from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file or one --set value; real configs are a few kB
+
 Origins = dict[tuple, str]
 
 
@@ -138,6 +140,10 @@ def _read_config_file(path: Path, what: str, where: str | None = None) -> str:
     if not path.exists():
         raise ConfigError(f"{what} not found", where=where)
     try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{what} is {size:,} bytes; a config is at most "
+                              f"{MAX_CONFIG_BYTES:,} bytes", where=where)
         return path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {what}: {exc.__class__.__name__}", where=where) from None
@@ -154,6 +160,9 @@ def parse_override(item: str) -> tuple[tuple, Any]:
         raise ConfigError(f"--set expects key=value, got '{item}'")
     key, raw = item.split("=", 1)
     key = key.strip()
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"the value is {len(raw):,} characters; a value is at most "
+                          f"{MAX_CONFIG_BYTES:,}", where=f"--set {key[:80]}")
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"--set has an empty key in '{item}'")
     top = key.split(".")[0]

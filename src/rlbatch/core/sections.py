@@ -29,6 +29,11 @@ MAX_PROMPTS = 1_000_000  # prompts per step, held-out prompts
 MAX_SAMPLES = 10**13  # sample counts and marks (budgets, cadences, warm-up)
 MAX_SEQUENCES = 2**24  # B = P x G sequences in one rollout step
 MAX_COUNT = 1_000_000  # minibatches, epochs, group size, concurrency, tokens, steps
+MAX_LIST = 64  # values in a list setting (candidate batches, decode concurrencies)
+# Below this a sampling temperature is greedy decoding in effect, and far below it (1e-320)
+# logits / T overflow to inf and every probability becomes NaN, so every reward is 0.
+# Greedy evaluation is `eval.k: 1`.
+MIN_TEMPERATURE = 0.01
 
 
 def _numeric(annotation) -> bool:
@@ -38,7 +43,7 @@ def _numeric(annotation) -> bool:
     return any(_numeric(a) for a in get_args(annotation) if a is not bool)
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     """Unknown keys, non-finite floats and booleans given for numbers are rejected (house
     rule 4): YAML reads `true` as a bool, which pydantic would otherwise take as 1."""
 
@@ -55,7 +60,7 @@ class _Strict(BaseModel):
         return value
 
 
-class TaskConfig(_Strict):
+class TaskConfig(StrictModel):
     name: Literal["addition", "reverse", "runsum", "dataset"] = "addition"
     digits: int = Field(
         None, ge=1, le=12, validate_default=False,
@@ -84,7 +89,7 @@ class TaskConfig(_Strict):
         return self
 
 
-class BatchConfig(_Strict):
+class BatchConfig(StrictModel):
     prompts_per_step: int = Field(16, gt=0, le=MAX_PROMPTS,
                                   description="P: prompts drawn per rollout step")
     samples_per_prompt: int = Field(8, gt=0, le=MAX_COUNT, description="G: responses per prompt")
@@ -96,7 +101,7 @@ class BatchConfig(_Strict):
     )
 
 
-class LrRule(_Strict):
+class LrRule(StrictModel):
     lr: float | None = Field(None, gt=0, le=10,
                              description="learning rate used as is (no scaling)")
     reference_sequences: int | None = Field(None, gt=0, le=MAX_SEQUENCES, description="B0")
@@ -141,7 +146,7 @@ class CriticConfig(LrRule):
     max_grad_norm: float | None = Field(1.0, gt=0)
 
 
-class LossConfig(_Strict):
+class LossConfig(StrictModel):
     clip_ratio_low: float = Field(0.2, gt=0, lt=1)
     clip_ratio_high: float = Field(0.2, gt=0)
     advantage_norm: Literal["std", "mean"] = Field("std", description="GRPO group normalization")
@@ -150,11 +155,11 @@ class LossConfig(_Strict):
     lam: float = Field(1.0, ge=0, le=1, description="PPO GAE lambda")
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(StrictModel):
     generation_concurrency: int = Field(64, gt=0, le=MAX_COUNT,
                                         description="C: sequences decoded at once")
     max_new_tokens: int = Field(5, gt=0, le=MAX_COUNT)
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE)
     top_p: float = Field(1.0, gt=0, le=1)
     engine: Literal["builtin", "hf", "vllm"] = "builtin"
     simulated_latency_s: float = Field(
@@ -163,17 +168,18 @@ class RolloutConfig(_Strict):
         "For what-if studies and tests of the decision")
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictModel):
     every_samples: int = Field(8192, gt=0, le=MAX_SAMPLES,
                                description="evaluate at multiples of this many samples")
     prompts: int = Field(1024, gt=0, le=MAX_PROMPTS, description="fixed held-out prompts")
     k: int = Field(1, gt=0, le=MAX_COUNT,
                    description="samples per eval prompt (mean@k); k=1 decodes greedily")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature when k > 1")
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE,
+                               description="sampling temperature when k > 1")
     at_start: bool = True
 
 
-class TargetConfig(_Strict):
+class TargetConfig(StrictModel):
     """The score to reach: absolute (`value`) or relative to the start (`gain` over the run's
     step-0 evaluation; `value` must then be null). `rlbatch profile` turns a gain into one
     absolute value for all its trials from the baseline model's step-0 evaluation."""
@@ -201,28 +207,28 @@ class TargetConfig(_Strict):
         return self
 
 
-class BudgetConfig(_Strict):
+class BudgetConfig(StrictModel):
     max_samples: int = Field(131072, gt=0, le=MAX_SAMPLES)
     max_train_s: float | None = Field(None, gt=0)
     stop_at_target: bool = Field(True, description="false: run on to max_samples (full curves)")
 
 
-class CheckpointConfig(_Strict):
+class CheckpointConfig(StrictModel):
     every_samples: int | None = Field(None, gt=0, le=MAX_SAMPLES,
                                       description="None: only at the end")
 
 
-class NoiseScaleConfig(_Strict):
+class NoiseScaleConfig(StrictModel):
     enabled: bool = False
     ema: float = Field(0.9, ge=0, lt=1, description="smoothing of numerator and denominator")
 
 
-class NonFiniteConfig(_Strict):
+class NonFiniteConfig(StrictModel):
     max_consecutive: int = Field(3, gt=0, le=MAX_COUNT,
                                  description="abort after this many skipped updates")
 
 
-class RewardConfig(_Strict):
+class RewardConfig(StrictModel):
     """How rewards are computed and what a faulty call means (rollout/reward_runner.py).
 
     A `module:function` reward runs in a pool of worker processes, each call with a timeout;
@@ -254,18 +260,19 @@ class RewardConfig(_Strict):
         "(the most recent whole steps covering at least this many calls)")
 
 
-class ProfileConfig(_Strict):
+class ProfileConfig(StrictModel):
     """`rlbatch profile`: the candidates and the procedure's settings (docs/design.md)."""
 
     prompts_per_step: list[int] = Field(
-        [8, 32, 64], description="candidate P values (B = P x G); the baseline P0 = B0 / G is "
-        "always run")
+        [8, 32, 64], max_length=MAX_LIST, description="candidate P values (B = P x G); the "
+        "baseline P0 = B0 / G is always run")
     seeds: int = Field(1, gt=0, le=1000, description="seeds per configuration")
     confirm_seeds: int = Field(1, ge=0, le=1000, description="extra seeds for the baseline and the "
                                "challenger (the most promising candidate), so that the "
                                "decision compares configurations with >= 2 seeds")
     fixed_lr_control: bool = Field(True, description="also run 2 x B0 with the unscaled LR")
-    concurrency: list[int] = Field([16, 64, 256], description="decode sweep; [] = keep C")
+    concurrency: list[int] = Field([16, 64, 256], max_length=MAX_LIST,
+                                   description="decode sweep; [] = keep C")
     early_stop: bool = Field(True, description="stop candidates that missed the crossing or cannot win")
     min_evaluations: int = Field(10, ge=1, description="evaluations the baseline's N* must "
                                  "be resolved by (else the profile refuses and names the "
@@ -284,10 +291,6 @@ class ProfileConfig(_Strict):
                                   "as a fraction of the baseline's N*")
     probe_max_fraction: float = Field(0.6, gt=0, le=1, description="probe: longest probe "
                                       "(probes double while undecided), fraction of N*")
-    probe_extend: Literal["promising", "undecided"] = Field(
-        "promising", description="probe: which undecided candidates get a longer probe: "
-        "promising (only those predicted faster than the baseline, the ones that could be "
-        "confirmed) or undecided (all whose interval contains 1)")
     probe_budget: float | None = Field(
         2.0, ge=1, le=1000, description="probe: the most the profile may spend, in training "
         "seconds (decode sweep included) as a multiple of the baseline's time to target; "
@@ -305,6 +308,9 @@ class ProfileConfig(_Strict):
                 or any(c > MAX_COUNT for c in self.concurrency):
             raise ValueError(f"profile.prompts_per_step must be <= {MAX_PROMPTS} and "
                              f"profile.concurrency <= {MAX_COUNT}")
+        if len(set(self.concurrency)) != len(self.concurrency):
+            raise ValueError("profile.concurrency must name each C once (the decode sweep "
+                             "measures each once)")
         return self
 
 

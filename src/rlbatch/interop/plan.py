@@ -11,7 +11,7 @@ sqrt, linear, none; Malladi et al. 2022 for sqrt). Batch units are converted per
 - TRL GRPOConfig: per_device_train_batch_size in completions per process; the generation batch
   is per_device x processes x steps_per_generation; gradient_accumulation_steps sets the
   optimizer steps per generation.
-- prime-rl: orchestrator.batch_size in rollouts (samples), rollouts_per_example = G.
+- prime-rl: orchestrator.batch_size in rollouts (samples), group_size = G.
 
 The number k of optimizer updates per rollout step is kept as in the base (one, unless the
 base mini-batches); a candidate whose P is not divisible by k gets the nearest mini batch and
@@ -232,7 +232,7 @@ def _trl(base: FrameworkConfig, c: Candidate, opts: dict) -> tuple[dict, list]:
 
 def _prime_rl(base: FrameworkConfig, c: Candidate, opts: dict) -> tuple[dict, list]:
     s = {"orchestrator.batch_size": c.sequences,
-         "orchestrator.rollouts_per_example": c.samples_per_prompt,
+         "orchestrator.group_size": c.samples_per_prompt,
          "trainer.optim.lr": c.lr}
     if c.warmup_steps is not None:
         s["trainer.scheduler.warmup_steps"] = c.warmup_steps
@@ -287,7 +287,8 @@ def make_plan(base: FrameworkConfig, prompts: list[int], rule: str = "sqrt",
     if rule not in LR_EXPONENTS:
         raise ConfigError(f"--rule: unknown rule '{rule}'; use sqrt, linear or none")
     if not prompts or any(p <= 0 for p in prompts):
-        raise ConfigError("--prompts: give one or more positive integers")
+        raise ConfigError("candidate prompts per rollout step: give one or more positive "
+                          "integers")
     warnings = [schedule_warning(base)] + [f"{base.source}: {n}" for n in base.notes]
     k = base.minibatches_per_step
     if k != 1:

@@ -1,40 +1,22 @@
 """`rlbatch profile` with `profile.strategy: probe`: the decision from short probes.
 
 The full procedure (procedure.py) runs every candidate towards the target; this one spends
-a fraction of that (docs/design.md, Method, "probes"):
-
-1. the decode sweep, as in the full procedure;
-2. the baseline at (B0, eta0), one seed to the target (its N* sets every probe's length);
-3. probes: a second baseline seed and one seed of each sqrt-scaled candidate (and of the
-   fixed-LR control with `profile.probe_control`; reported, never part of the decision),
-   each stopped after `profile.probe_fraction` x N*_base samples (stop code `probe`; a
-   stopped probe keeps its checkpoint and can be continued);
-4. predictions (analysis/prediction.py): each probe's curve against the baseline's two
-   seeds gives its sample-efficiency ratio r, its steady-state throughput q, and the time
-   ratio T_cand / T_base = r x q_base / q_cand; their intervals, and the alignment verdict
-   on r's, come from the probes' spread around each other, the baseline's probe seed
-   (predicted against the baseline run) among them (`across_probes`);
-5. sequential spending (spending.py): drop what cannot win or departed, extend what is
-   undecided (probes double, up to `profile.probe_max_fraction` x N*_base), then confirm
-   the predicted winner by continuing its probe to the target, or until it has trained
-   longer than the baseline's time to target without reaching it (stop code `cannot_win`:
-   it cannot be faster, so the outcome is settled); all of it within `profile.probe_budget`
-   x T_base training seconds (decode sweep included): extensions only where they fit
-   (`spending.fit_budget`), and the confirmation stopped where the budget ends (stop code
-   `profile_budget`, outcome `over_budget`: the baseline is kept);
-6. `profile.json`: the decision with what it rests on (predictions, the confirmation), every
-   round of spending, the analysis of all runs (as `rlbatch analyze` gives it), and the cost
-   against one baseline run's time to target and against the exhaustive grid.
-
-Resumable like the full procedure: a re-run finds finished trials and probes already at
-their length, and continues a probe only when spending extends it.
+a fraction of that (docs/design.md, Method, "Probes"). Phases: the decode sweep; the
+baseline at (B0, eta0), one seed to the target (its N* sets every probe's length); probe
+rounds (a second baseline seed and one seed of each sqrt-scaled candidate, stopped at
+`profile.probe_fraction` x N*_base samples, predicted by analysis/prediction.py, then
+dropped or extended by spending.py); the confirmation of the predicted winner to the target;
+and `profile.json` with the decision, every round, the analysis of all runs and the cost.
+All of it within `profile.probe_budget` x T_base training seconds. Resumable like the full
+procedure. Stop codes, the budget rules and what profile.json holds: docs/design.md,
+"Module notes".
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,22 +26,25 @@ from rlbatch.analysis.prediction import BaselineCurves, across_probes, predict
 from rlbatch.analysis.runs import frames_from_runs
 from rlbatch.core.config import Config
 from rlbatch.core.runlog import STOP_FILE, Run, atomic_write_json, read_run
-from rlbatch.profile.procedure import (
+from rlbatch.profile.driver import (
     Driver,
     Journal,
     Progress,
     analyze_trials,
-    baseline_evidence,
-    candidate_eval_every,
-    choose_concurrency,
-    early_stop_reason,
+    baseline_times,
     profile_cost,
-    require_evaluations,
+    start_profile,
     target_of,
     trial_status,
 )
+from rlbatch.profile.procedure import (
+    baseline_evidence,
+    candidate_eval_every,
+    early_stop_reason,
+    require_evaluations,
+)
 from rlbatch.profile.spending import Candidate, Plan, fit_budget, plan_next
-from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
+from rlbatch.profile.trials import Trial, plan_trials
 
 PROBE_CODE = "probe"
 BUDGET_CODE = "profile_budget"
@@ -123,25 +108,62 @@ def _measured(trial: Trial, cfg: Config) -> dict:
     return run_result(frames.run_steps(d), frames.run_evals(d), target_of(cfg))
 
 
+@dataclass
+class _Probing:
+    """What the phases of a probe profile share once the baseline has run."""
+
+    cfg: Config
+    journal: Journal
+    driver: Driver
+    decode: dict
+    base: Trial
+    base_probe: Trial  # the baseline's second seed, probed like a candidate
+    cands: list[Trial]
+    family: list[Trial]  # the sqrt-scaled candidates (controls are reported only)
+    limits: dict[str, int]  # each probe's length in samples
+    cap: int
+    t_base: float
+    budget_s: float
+
+    def spent(self) -> float:
+        return (sum(trial_status(t)["train_s"] for t in self.driver.all)
+                + (self.decode.get("seconds") or 0.0))
+
+
 def run_probe_profile(cfg: Config, out: str | Path, executor, *,
                       progress: Progress | None = None, poll_s: float = 0.5) -> dict:
-    out = Path(out)
-    for sub in ("runs", "trials", "logs"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    journal = Journal(out / "journal.jsonl")
-    journal.log("profile_started", config=cfg.name, strategy="probe")
-    prof, runs = cfg.profile, out / "runs"
-    p0 = baseline_prompts(cfg)
-    b_max = max([p0 * 2] + list(prof.prompts_per_step)) * cfg.batch.samples_per_prompt
-    decode = choose_concurrency(cfg, out, journal, b_max)
-    c = decode["chosen"]
-    driver = Driver(cfg, out, executor, journal, progress, poll_s)
-    base = plan_trials(cfg, runs, c, [cfg.seed], kinds=("baseline",))[0]
+    """Phases: set-up and decode sweep, baseline, probe rounds (with extensions),
+    confirmation of the predicted winner, decision (module docstring)."""
+    session = start_profile(cfg, out, executor, progress, poll_s, strategy="probe")
+    out, journal, decode, driver = session.out, session.journal, session.decode, session.driver
+    c = session.concurrency
+    base = plan_trials(cfg, out / "runs", c, [cfg.seed], kinds=("baseline",))[0]
     driver.run([base])
     ev = baseline_evidence([base], cfg)
     require_evaluations(ev, cfg)
     if ev["problem"]:
         return _write(cfg, out, driver, decode, None, ev["problem"], [], {})
+    pr = _plan_probes(cfg, out / "runs", c, ev, journal, driver, decode, base)
+    rounds, plan, preds = _probe_rounds(pr)
+    cut_name = None  # the confirmation the budget stopped, if any
+    if plan.confirm:
+        plan, cut_name, enough = _confirm(pr, plan, preds, rounds)
+    decision = _decision(cfg, base, pr.family, plan, preds, ev, c, cut=cut_name)
+    if cut_name is not None:
+        decision["next_set"] = {"profile.probe_budget": math.ceil(enough * 10) / 10}
+        decision["next"] = (f"re-run the same command with a larger profile.probe_budget, "
+                            f"at least {math.ceil(enough * 10) / 10:g} (what lets this "
+                            f"confirmation alone run to the baseline's time; longer probes "
+                            f"of the others may take some of it): it continues from these "
+                            f"runs, the stopped confirmation of {cut_name} read as a longer "
+                            f"probe")
+    return _write(cfg, out, driver, decode, decision, None, rounds, preds, base=base)
+
+
+def _plan_probes(cfg: Config, runs: Path, c: int, ev: dict, journal: Journal, driver: Driver,
+                 decode: dict, base: Trial) -> _Probing:
+    """The probes and their first length, from the baseline's N* and time to target."""
+    prof = cfg.profile
     nstar = ev["median_nstar"]
     every = candidate_eval_every(cfg, nstar)
     first = max(1, int(prof.probe_fraction * nstar))
@@ -153,81 +175,81 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
     limits = {t.name: first for t in [base_probe, *cands]}
     t_base = ev["median_time"]
     budget_s = math.inf if prof.probe_budget is None else prof.probe_budget * t_base
-
-    def spent() -> float:
-        return sum(trial_status(t)["train_s"] for t in driver.all) + (decode.get("seconds") or 0.0)
-
     journal.log("probing", nstar_base=nstar, first=first, cap=cap, eval_every=every,
                 budget_s=None if budget_s == math.inf else budget_s)
+    return _Probing(cfg, journal, driver, decode, base, base_probe, cands, family, limits,
+                    cap, t_base, budget_s)
+
+
+def _probe_rounds(pr: _Probing) -> tuple[list[dict], Plan, dict]:
+    """Run the probes to their lengths, predict, and extend what spending extends (within the
+    budget) until nothing is extended: the rounds, the last plan and its predictions."""
     rounds: list[dict] = []
     dropped: set[str] = set()
-    cut_name = None  # the confirmation the budget stopped, if any
     while True:
-        todo = [t for t in [base_probe, *cands] if t.name not in dropped]
+        todo = [t for t in [pr.base_probe, *pr.cands] if t.name not in dropped]
         for t in todo:
-            if trial_status(t)["samples"] < limits[t.name]:
+            if trial_status(t)["samples"] < pr.limits[t.name]:
                 reopen(t)
-        driver.run(todo, lambda st: probe_stop_reason(st, limits[st["trial"]]))
-        preds = _predictions(cfg, base, base_probe, cands)
+        pr.driver.run(todo, lambda st: probe_stop_reason(st, pr.limits[st["trial"]]))
+        preds = _predictions(pr.cfg, pr.base, pr.base_probe, pr.cands)
         live = [Candidate(t.name, st["samples"], preds[t.name], train_s=st["train_s"])
-                for t in family if t.name not in dropped for st in [trial_status(t)]]
-        plan = plan_next(live, cap=cap, extend=prof.probe_extend)
+                for t in pr.family if t.name not in dropped for st in [trial_status(t)]]
+        plan = plan_next(live, cap=pr.cap)
         refused: dict = {}
-        if plan.extend and budget_s < math.inf:
-            granted, refused = fit_budget(plan, live, left_s=budget_s - spent(),
-                                          base_time=t_base)
+        if plan.extend and pr.budget_s < math.inf:
+            granted, refused = fit_budget(plan, live, left_s=pr.budget_s - pr.spent(),
+                                          base_time=pr.t_base)
             # nothing fits: settle on the probes as they stand (no more extensions)
             plan = replace(plan, extend=granted) if granted else \
-                plan_next(live, cap=0, extend=prof.probe_extend)
-        rounds.append(_round(plan, preds, limits, refused=refused))
-        journal.log("spending", **rounds[-1]["plan"])
+                plan_next(live, cap=0)
+        rounds.append(_round(plan, preds, pr.limits, refused=refused))
+        pr.journal.log("spending", **rounds[-1]["plan"])
         dropped |= set(plan.drop)
         if not plan.extend:
-            break
-        limits.update(plan.extend)
-    if plan.confirm:
-        winner = next(t for t in family if t.name == plan.confirm)
-        probe_s = trial_status(winner)["train_s"]
-        allowance = budget_s - (spent() - probe_s)
-        step_s = longest_step(read_run(winner.run_dir()))
-        started = not budget_due(probe_s, allowance, step_s)
-        if started:
-            reopen(winner)
-            journal.log("confirming", trial=winner.name,
-                        allowance_s=None if allowance == math.inf else allowance)
-            # stopped (`cannot_win`) once past the baseline's time without the target: its
-            # ratio is then above 1 whatever follows, and the outcome (`not_confirmed`) is
-            # settled; or stopped where the budget ends (`over_budget`: nothing measured)
-            driver.run([winner], lambda st: early_stop_reason(st, t_base, math.inf)
-                       or budget_stop_reason(st, allowance, step_s))
-        t_win, st = _measured(winner, cfg)["time_to_target"], trial_status(winner)
-        cut = t_win is None and (not started or st["stop_code"] == BUDGET_CODE)
-        if cut:
-            cut_name = winner.name
-            # what would settle it: the confirmation runs at most to the baseline's time
-            enough = (spent() - st["train_s"] + t_base) / t_base
-        ratio = t_win / t_base if t_win is not None else float("inf")
-        plan = plan_next([Candidate(winner.name, st["samples"], preds[winner.name],
-                                    measured_ratio=None if cut else ratio,
-                                    over_budget=cut)], cap=cap)
-        # without a crossing, the training seconds it ran bound its ratio from below
-        at_least = {} if t_win is not None or cut else {winner.name: st["train_s"] / t_base}
-        rounds.append(_round(plan, preds, limits, measured={} if cut else {winner.name: ratio},
-                             at_least=at_least,
-                             budget_cut={winner.name: {"samples": st["samples"],
-                                                       "train_s": st["train_s"]}}
-                             if cut else None))
-        journal.log("spending", **rounds[-1]["plan"])
-    decision = _decision(cfg, base, family, plan, preds, ev, c, cut=cut_name)
-    if cut_name is not None:
-        decision["next_set"] = {"profile.probe_budget": math.ceil(enough * 10) / 10}
-        decision["next"] = (f"re-run the same command with a larger profile.probe_budget, "
-                            f"at least {math.ceil(enough * 10) / 10:g} (what lets this "
-                            f"confirmation alone run to the baseline's time; longer probes "
-                            f"of the others may take some of it): it continues from these "
-                            f"runs, the stopped confirmation of {cut_name} read as a longer "
-                            f"probe")
-    return _write(cfg, out, driver, decode, decision, None, rounds, preds, base=base)
+            return rounds, plan, preds
+        pr.limits.update(plan.extend)
+
+
+def _confirm(pr: _Probing, plan: Plan, preds: dict,
+             rounds: list[dict]) -> tuple[Plan, str | None, float | None]:
+    """Continue the predicted winner's probe to the target (or until it cannot win, or the
+    budget ends) and settle the outcome: the final plan (its round appended to `rounds`),
+    the winner's name when the budget cut it, and then the budget that would settle it."""
+    t_base = pr.t_base
+    winner = next(t for t in pr.family if t.name == plan.confirm)
+    probe_s = trial_status(winner)["train_s"]
+    allowance = pr.budget_s - (pr.spent() - probe_s)
+    step_s = longest_step(read_run(winner.run_dir()))
+    started = not budget_due(probe_s, allowance, step_s)
+    if started:
+        reopen(winner)
+        pr.journal.log("confirming", trial=winner.name,
+                       allowance_s=None if allowance == math.inf else allowance)
+        # stopped (`cannot_win`) once past the baseline's time without the target: its
+        # ratio is then above 1 whatever follows, and the outcome (`not_confirmed`) is
+        # settled; or stopped where the budget ends (`over_budget`: nothing measured)
+        pr.driver.run([winner], lambda st: early_stop_reason(st, t_base, math.inf)
+                      or budget_stop_reason(st, allowance, step_s))
+    t_win, st = _measured(winner, pr.cfg)["time_to_target"], trial_status(winner)
+    cut = t_win is None and (not started or st["stop_code"] == BUDGET_CODE)
+    enough = None
+    if cut:
+        # what would settle it: the confirmation runs at most to the baseline's time
+        enough = (pr.spent() - st["train_s"] + t_base) / t_base
+    ratio = t_win / t_base if t_win is not None else float("inf")
+    plan = plan_next([Candidate(winner.name, st["samples"], preds[winner.name],
+                                measured_ratio=None if cut else ratio,
+                                over_budget=cut)], cap=pr.cap)
+    # without a crossing, the training seconds it ran bound its ratio from below
+    at_least = {} if t_win is not None or cut else {winner.name: st["train_s"] / t_base}
+    rounds.append(_round(plan, preds, pr.limits, measured={} if cut else {winner.name: ratio},
+                         at_least=at_least,
+                         budget_cut={winner.name: {"samples": st["samples"],
+                                                   "train_s": st["train_s"]}}
+                         if cut else None))
+    pr.journal.log("spending", **rounds[-1]["plan"])
+    return plan, winner.name if cut else None, enough
 
 
 def _predictions(cfg: Config, base: Trial, base_probe: Trial, cands: list[Trial]) -> dict:
@@ -313,8 +335,7 @@ def _write(cfg: Config, out: Path, driver: Driver, decode: dict, decision: dict 
     grid = _grid_cost(trials, preds, cost["baseline_time_to_target_s"])
     cost.update(grid_estimate_s=grid,
                 fraction_of_grid=cost["total_s"] / grid if grid else None)
-    base_times = [t["target"].get("train_s") for t in trials
-                  if t["kind"] == "baseline" and t["target"].get("reached")]
+    base_times = baseline_times(trials)
     doc = {"config": cfg.name, "strategy": "probe", "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
            "predictions": preds, "rounds": rounds, "cost": cost, "analysis": result,

@@ -1,153 +1,38 @@
 """`rlbatch profile`: the "align, then accelerate" procedure as one resumable command.
 
-Order (docs/design.md, Method; the decode sweep comes first so the alignment runs already
-measure the full loop at the chosen concurrency and no second pass is needed):
-1. decode-concurrency sweep, once per model and length profile (`decode.json`): C = the
-   plateau (smallest C within 5% of the best tokens/s) that fits the memory budget;
-2. the baseline at (B0, eta0), `profile.seeds` + `profile.confirm_seeds` seeds (it is
-   never stopped early, so its confirmation seeds run first and anchor the early stops on
-   more than one seed). Its N* must be resolved by at least
-   `profile.min_evaluations` (10) evaluations, or the profile refuses and names the cadence to
-   set; a target met by the first evaluation is "too easy" and also refused;
-3. screening: each sqrt-scaled candidate and the fixed-LR control at 2 x B0, with the
-   candidates' evaluation interval set from the baseline's N* (at most N*/10). With early
-   stopping on, a trial is stopped (and evaluated where it stops) with code
-   - `no_crossing` once its samples pass exp(margin) x the baseline's largest N* without a
-     crossing (its N* ratio is then outside the equivalence margin), or
-   - `cannot_win` once its training seconds pass the baseline's median time to target
-     without a crossing (its T is then above the baseline's);
-4. confirmation: `profile.confirm_seeds` more seeds for the challenger (the reference
-   family's configuration with the lowest time to target that could still win), so the
-   decision compares configurations with at least 2 seeds each;
-5. the analysis of all runs (the same function `rlbatch analyze` calls, with the same
-   reference, target and margin, so both give the same decision) and `profile.json`: the
-   decision with its evidence, and the profiling cost (all trials' training seconds plus the
-   sweep, as a multiple of one baseline run's time to target).
-
-Resumable: the state is the run directories plus `journal.jsonl`. Re-running the same command
-skips finished trials (without starting a process) and resumes interrupted and failed ones
-from their checkpoints; a killed profile loses at most the steps since each trial's last
-checkpoint. A trial whose process fails stops the profile with one line naming the trial and
-its `failure`.
+Order (docs/design.md, Method): the decode-concurrency sweep (`decode.json`: the plateau C
+that fits the memory budget); the baseline at (B0, eta0) with `profile.seeds` +
+`profile.confirm_seeds` seeds, refused unless enough evaluations resolve its N*; screening
+of each sqrt-scaled candidate and the fixed-LR control at 2 x B0, with early stops
+(`no_crossing`, `cannot_win`); confirmation seeds for the challenger; then the analysis (the
+function `rlbatch analyze` calls, so both give the same decision) and `profile.json` with
+the decision, its evidence and the profiling cost. The state is the run directories plus
+`journal.jsonl`: re-running the same command skips finished trials and resumes the others
+from their checkpoints. The rules of each phase: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-from rlbatch.analysis.analyze import analyze
-from rlbatch.analysis.crossing import Target
 from rlbatch.core.config import Config
 from rlbatch.core.errors import UserError
-from rlbatch.core.runlog import (
-    FINISHED,
-    STOP_FILE,
-    append_jsonl,
-    atomic_write_json,
-    atomic_write_text,
-    ended_for_good,
-    read_json,
-    read_jsonl,
+from rlbatch.core.runlog import atomic_write_json
+from rlbatch.profile.driver import (
+    Driver,
+    Journal,
+    Progress,
+    analyze_trials,
+    profile_cost,
+    start_profile,
+    target_of,
+    trial_status,
 )
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
-
-Progress = Callable[[list[dict]], None]
-Stopper = Callable[[dict], "str | None"]
-
-
-class Journal:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def log(self, event: str, **fields) -> None:
-        row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": event, **fields}
-        append_jsonl(self.path, row)
-
-    def events(self) -> list[dict]:
-        return read_jsonl(self.path)[0]
-
-
-def trial_status(trial: Trial) -> dict:
-    d = trial.run_dir()
-    summary = read_json(d / "summary.json")
-    steps = read_jsonl(d / "steps.jsonl")[0]
-    evals = read_jsonl(d / "evals.jsonl")[0]
-    last = steps[-1] if steps else {}
-    metric = trial.config.target.metric
-    return {"trial": trial.name, "kind": trial.kind, "B": trial.sequences_per_step,
-            "lr": trial.config.actor_lr, "seed": trial.seed,
-            "samples": last.get("samples", 0), "train_s": last.get("train_s", 0.0),
-            "metric": evals[-1].get(metric) if evals else None,
-            "status": summary.get("status", "pending"), "target": summary.get("target") or {},
-            "stop_reason": summary.get("stop_reason"), "stop_code": summary.get("stop_code"),
-            "failure": summary.get("failure"), "run_dir": str(d)}
-
-
-def _finished(trial: Trial) -> bool:
-    """Ended for good. A `stopped` trial whose STOP file was removed is not: its process
-    continues it (a probe being extended, profile/probing.py)."""
-    return ended_for_good(trial.run_dir(), trial_status(trial)["status"])
-
-
-class Driver:
-    """Runs a list of trials on an executor, watching them for progress and early stops."""
-
-    def __init__(self, cfg: Config, out: Path, executor, journal: Journal,
-                 progress: Progress | None, poll_s: float = 0.5):
-        self.cfg, self.out, self.ex, self.journal = cfg, out, executor, journal
-        self.progress = progress or (lambda rows: None)
-        self.poll_s = poll_s
-        self.all: list[Trial] = []
-
-    def run(self, trials: list[Trial], stopper: Stopper | None = None) -> None:
-        for t in trials:
-            if t not in self.all:
-                self.all.append(t)
-        pending = []
-        for t in trials:  # a failed trial is not finished: its process resumes it
-            if _finished(t):
-                self.journal.log("skipped_finished", trial=t.name, run_dir=str(t.run_dir()))
-            else:
-                pending.append(t)
-        by_name = {t.name: t for t in trials}
-        while pending or self.ex.running():
-            while pending and self.ex.capacity() > 0:
-                self._submit(pending.pop(0))
-            for fin in self.ex.poll():
-                st = trial_status(by_name[fin.name])
-                self.journal.log("finished", trial=fin.name, returncode=fin.returncode,
-                                 status=st["status"], stop_reason=st["stop_reason"],
-                                 failure=st["failure"])
-                if fin.returncode != 0:
-                    why = f": {st['failure']}" if st["failure"] else ""
-                    raise UserError(f"trial {fin.name} failed (exit {fin.returncode}{why}); "
-                                    f"see {fin.log}; re-run the profile to resume it")
-                if st["status"] not in FINISHED:
-                    raise UserError(f"trial {fin.name} ended but {st['run_dir']} is not a "
-                                    f"finished run (status {st['status']}); see {fin.log}")
-            for name in self.ex.running():
-                st = trial_status(by_name[name])
-                reason = stopper(st) if stopper else None
-                stop = Path(st["run_dir"]) / STOP_FILE
-                if reason and not stop.exists():
-                    atomic_write_text(stop, reason)
-                    self.journal.log("stop_requested", trial=name, reason=reason)
-            self.progress([trial_status(t) for t in self.all])
-            time.sleep(self.poll_s)
-        self.progress([trial_status(t) for t in self.all])
-
-    def _submit(self, t: Trial) -> None:
-        cfg_path = self.out / "trials" / f"{t.name}.yaml"
-        atomic_write_text(cfg_path, yaml.safe_dump(t.config.resolved_dict(), sort_keys=False))
-        log = self.out / "logs" / f"{t.name}.log"
-        self.ex.submit(t.name, cfg_path, log)
-        self.journal.log("started", trial=t.name, run_dir=str(t.run_dir()))
 
 
 def early_stop_reason(st: dict, base_median_time: float, nstar_limit: float) -> str | None:
@@ -165,49 +50,6 @@ def early_stop_reason(st: dict, base_median_time: float, nstar_limit: float) -> 
         return (f"cannot_win: {st['train_s']:.1f} training seconds without a crossing, beyond "
                 f"the baseline's median time to target {base_median_time:.1f} s")
     return None
-
-
-def choose_concurrency(cfg: Config, out: Path, journal: Journal, batch_max: int) -> dict:
-    """Decode sweep on the model, cached in decode.json; returns the sweep and chosen C."""
-    wanted = sorted(c for c in cfg.profile.concurrency if c <= batch_max) or [batch_max]
-    path = out / "decode.json"
-    key = {"model": cfg.model, "task": cfg.task.name, "digits": cfg.task.digits,
-           "new_tokens": cfg.rollout.max_new_tokens, "concurrency": wanted}
-    cached = read_json(path)
-    if cached.get("key") == key:
-        return cached
-    if not cfg.profile.concurrency:
-        doc = {"key": key, "chosen": cfg.rollout.generation_concurrency, "sweep": None,
-               "seconds": 0.0}
-    else:
-        doc = _sweep(cfg, key, wanted)
-    atomic_write_json(path, doc)
-    journal.log("decode_sweep", chosen=doc["chosen"], seconds=doc["seconds"])
-    return doc
-
-
-def _sweep(cfg: Config, key: dict, wanted: list[int]) -> dict:
-    from rlbatch.rollout.datasets import build_task
-    from rlbatch.rollout.decode_bench import BenchSpec, run_decode_bench
-    from rlbatch.rollout.models import load_model_and_tokenizer, resolve_model_path
-    from rlbatch.rollout.prompt_lengths import check_prompt_lengths
-
-    path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits)
-    check_prompt_lengths(build_task(cfg.task), path, cfg.rollout.max_new_tokens)
-    _, tok = load_model_and_tokenizer(path)
-    from rlbatch.rollout.models import encode_prompt
-    prompt_tokens = len(encode_prompt(tok, build_task(cfg.task).eval_set(1)[0]))
-    t0 = time.perf_counter()
-    spec = BenchSpec(concurrency=tuple(wanted), prompt_tokens=prompt_tokens,
-                     new_tokens=cfg.rollout.max_new_tokens, reps=3)
-    result = run_decode_bench(str(path), cfg.rollout.engine if cfg.rollout.engine != "vllm"
-                              else "builtin", spec)
-    chosen = result.get("plateau_concurrency") or cfg.rollout.generation_concurrency
-    return {"key": key, "chosen": chosen, "sweep": result, "seconds": time.perf_counter() - t0}
-
-
-def target_of(cfg: Config) -> Target:
-    return Target(cfg.target.metric, cfg.target.value, gain=cfg.target.gain)
 
 
 def baseline_evidence(base: list[Trial], cfg: Config) -> dict:
@@ -301,19 +143,11 @@ def challenger(result: dict) -> str | None:
 
 def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | None = None,
                 poll_s: float = 0.5) -> dict:
-    out = Path(out)
-    for sub in ("runs", "trials", "logs"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    journal = Journal(out / "journal.jsonl")
-    journal.log("profile_started", config=cfg.name)
-    prof, runs = cfg.profile, out / "runs"
-    p0 = baseline_prompts(cfg)
-    b_max = max([p0 * 2] + list(prof.prompts_per_step)) * cfg.batch.samples_per_prompt
-    decode = choose_concurrency(cfg, out, journal, b_max)
-    c = decode["chosen"]
+    session = start_profile(cfg, out, executor, progress, poll_s)
+    out, journal, decode, driver = session.out, session.journal, session.decode, session.driver
+    prof, runs, c = cfg.profile, out / "runs", session.concurrency
     seeds = list(range(cfg.seed, cfg.seed + prof.seeds))
     extra = list(range(cfg.seed + prof.seeds, cfg.seed + prof.seeds + prof.confirm_seeds))
-    driver = Driver(cfg, out, executor, journal, progress, poll_s)
     # the baseline's confirmation seeds run first: the early stops are then anchored on more
     # than one seed of it (its median T, its largest N*), at no extra cost
     base = plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",))
@@ -347,14 +181,6 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     return _finish(cfg, out, driver, decode, result, result.get("problem"))
 
 
-def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial]) -> dict:
-    """The analysis of this profile's own trials: runs that earlier attempts with other
-    settings left in the same folder are not part of its decision."""
-    dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()]
-    return analyze(dirs, target_of(cfg), reference_run=str(reference.run_dir()),
-                   margin=cfg.profile.margin, statistic=cfg.profile.statistic)
-
-
 def _config_id(result: dict, trial: Trial) -> str | None:
     for entry in result.get("configs", []):
         if any(Path(r["run"]).name == trial.run_id for r in entry.get("runs", [])):
@@ -386,18 +212,3 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
 def _read_run_config(entry: dict) -> dict:
     run_dir = Path(entry["runs"][0]["run"])
     return yaml.safe_load((run_dir / "config.yaml").read_text())
-
-
-def profile_cost(trials: list[dict], decode: dict, result: dict | None) -> dict:
-    """Training seconds of every trial (and the decode sweep), as a multiple of one baseline
-    run's time to target (the baseline configuration's measured median)."""
-    train = sum(read_json(Path(t["run_dir"]) / "summary.json").get("train_s") or 0.0
-                for t in trials)
-    times = [t["target"]["train_s"] for t in trials
-             if t["kind"] == "baseline" and t["target"].get("reached")
-             and t["target"].get("train_s") is not None]
-    base_t = statistics.median(times) if times else None
-    total = train + (decode.get("seconds") or 0.0)
-    return {"trial_train_s": train, "decode_sweep_s": decode.get("seconds") or 0.0,
-            "total_s": total, "baseline_time_to_target_s": base_t,
-            "multiple_of_baseline_time_to_target": total / base_t if base_t else None}

@@ -1,53 +1,15 @@
 """Sequential spending for probe-based profiling: what to run next, given the predictions.
 
-The baseline runs to the target; each candidate first runs a short probe (a fraction of the
-baseline's N*), and `analysis.prediction.predict` turns the probe into a predicted time to
-target T with an interval and an alignment verdict on the samples axis. This module decides,
-from those predictions alone, where more compute is worth spending. It is pure (no files, no
-processes) so that every rule is tested on constructed cases (tests/test_spending.py).
-
-Decisions use each candidate's predicted time ratio T_cand / T_base (`time_ratio`, with its
-interval): the baseline's N* cancels in it, so the baseline stands at exactly 1. Rules,
-applied to every candidate of the reference's LR-scaling family in this order:
-
-1. `drop` a candidate whose verdict is `departed`: the decision rule only recommends
-   configurations aligned with the baseline (analysis/selection.py), so a departed one is
-   out whatever its time.
-2. `drop` a candidate that cannot win: the lower end of its ratio interval is above 1
-   (slower than the baseline even at its best).
-3. `extend` a candidate still undecided (no usable prediction yet, verdict `inconclusive`,
-   or a ratio interval that contains 1) whose probe is below the cap: its next probe is
-   `growth` times longer, capped at `cap` samples. With `extend="promising"` (the default)
-   only an undecided candidate that could still be confirmed is extended: one without a
-   usable prediction, or whose point ratio is below 1. An undecided candidate predicted at
-   or above 1 is left `open` at once: at the cap it would not be confirmed either (rule 4),
-   so a longer probe could change the decision only by moving its point ratio below 1, and
-   the compute goes to the candidates that can win. `extend="undecided"` extends every
-   undecided candidate (the rule before; kept for comparison, bench/probe_replay.py).
-4. When nothing is left to extend: `confirm` the predicted winner by running it to the
-   target: the lowest predicted ratio among aligned candidates whose whole interval lies
-   below 1; if there is none, the lowest point ratio below 1 among candidates still
-   undecided at the cap (reported `open`): the probes could not settle it, so it is
-   measured. With neither, the outcome is `keep_baseline`.
-5. A confirmation ends the procedure: `indicated` when the winner's measured ratio (its time
-   to target over the baseline's, one seed each) is below 1, `not_confirmed` otherwise (the
-   baseline is then kept; a second winner is not tried, so the cost stays bounded),
-   `over_budget` when the profile's budget ran out before the confirmation reached the
-   target or the baseline's time (the baseline is kept; nothing was measured). One
-   seed on each side is an indication, never `established` in the sense of `rlbatch
-   analyze` (an interval across seeds wholly below 1, analysis/selection.py): the words are
-   kept apart, and the profile's decision names its evidence.
-
-A budget (`profile.probe_budget`, in training seconds) bounds rules 3 and 4: `fit_budget`
-grants only the extensions whose projected cost (samples to go over the probe's measured
-throughput) fits in what is left after reserving the predicted cost of confirming the
-candidate with the lowest predicted ratio below 1; with nothing granted the probes are
-settled as they stand (rule 4 with no more extensions). The confirmation itself is stopped
-by the caller where the budget ends (profile/probing.py).
-
-Nothing here decides on one seed what the full analysis decides on several: `rlbatch
-analyze` on the same runs still reports its own verdicts; spending only chooses which runs
-exist, and the profile's decision says it rests on probes and one confirmation.
+Each candidate first runs a short probe, and `analysis.prediction.predict` turns it into a
+predicted time ratio T_cand / T_base with an interval and an alignment verdict (the
+baseline's N* cancels in the ratio, so the baseline stands at exactly 1). From those
+predictions alone, `plan_next` drops what departed or cannot win, extends undecided probes
+up to a cap, then confirms the predicted winner by running it to the target, or keeps the
+baseline; `fit_budget` grants only the extensions that fit in `profile.probe_budget` after
+reserving the confirmation's cost. Pure (no files, no processes), so every rule is tested on
+constructed cases (tests/test_spending.py). Spending only chooses which runs exist:
+`rlbatch analyze` on the same runs still gives its own verdicts. The rules in order and the
+outcome words: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -80,10 +42,6 @@ class Plan:
     outcome: str | None = None  # indicated | not_confirmed | over_budget | keep_baseline
     winner: str | None = None
 
-    @property
-    def finished(self) -> bool:
-        return self.outcome is not None
-
 
 def _ratio_ci(pred: dict | None) -> tuple[float | None, float | None]:
     lo, hi = (pred or {}).get("time_ratio_ci") or (None, None)
@@ -106,8 +64,8 @@ EXTEND_RULES = ("promising", "undecided")
 
 def plan_next(cands: list[Candidate], *, cap: int, growth: float = 2.0,
               extend: str = "promising") -> Plan:
-    """The next spending decision (see the module text); `cap` is the largest probe, in
-    samples; `extend` one of EXTEND_RULES (rule 3)."""
+    """The next spending decision (the rules in order: docs/design.md, "Module notes");
+    `cap` is the largest probe, in samples; `extend` one of EXTEND_RULES (rule 3)."""
     if extend not in EXTEND_RULES:
         raise ValueError(f"extend must be one of {EXTEND_RULES}, not {extend!r}")
     if any(c.over_budget for c in cands):

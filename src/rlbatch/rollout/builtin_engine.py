@@ -161,26 +161,17 @@ class BuiltinEngine:
         # keyed sampling (engine.py): each sequence's uniforms, whatever its slot and batch
         uniforms = None if keys is None or params.greedy else \
             keyed_uniforms(keys, params.max_new_tokens)  # (N, max_new_tokens)
-        dtype = self.core.embed_tokens.weight.dtype
         sync = cuda_sync_or_none(str(device)) or (lambda: None)
         n_total = len(prompt_ids)
         C = max(1, min(concurrency, n_total))
         max_len = max(len(p) for p in prompt_ids) + params.max_new_tokens
-        caches = [tuple(torch.zeros(C, self.n_kv, max_len, self.head_dim, device=device,
-                                    dtype=dtype) for _ in range(2))
-                  for _ in self.core.layers]
-        pos_all = torch.arange(max_len, device=device)
-        cos_tab, sin_tab = self.core.rotary_emb(caches[0][0], pos_all[None])  # (1, Lmax, D)
-        cos_tab, sin_tab = cos_tab[0], sin_tab[0].clone()
-        # rotate_half(x) = roll(x, D/2) with the first half negated: fold the sign into sin.
-        sin_tab[:, : self.head_dim // 2] *= -1
+        caches, pos_all, cos_tab, sin_tab, next_tok = self._decode_buffers(C, max_len)
 
         responses: list[list[int]] = [[] for _ in range(n_total)]
         logps: list[list[float]] = [[] for _ in range(n_total)]
         reasons = [""] * n_total
         slot_seq = [-1] * C  # which sequence each slot holds
         slot_pos = [0] * C  # next cache position each slot writes
-        next_tok = torch.zeros(C, dtype=torch.long, device=device)
         pending = 0
         prefill_s = decode_s = low_s = 0.0
         prefills = 0
@@ -223,6 +214,24 @@ class BuiltinEngine:
                   "prefills": prefills, "tokens": sum(len(r) for r in responses),
                   "concurrency": C}
         return pack_rollouts(prompt_ids, responses, logps, reasons, self.pad_id, timing)
+
+    def _decode_buffers(self, C: int, max_len: int) -> tuple:
+        """The KV cache of C slots x `max_len` positions per layer (a (K, V) pair of
+        (C, kv_heads, max_len, D) tensors), the positions 0..max_len-1, the rotary cos and
+        sin tables (max_len, D) with rotate_half's sign folded into sin, and the (C,) buffer
+        of each slot's next input token."""
+        device = self.core.embed_tokens.weight.device
+        dtype = self.core.embed_tokens.weight.dtype
+        caches = [tuple(torch.zeros(C, self.n_kv, max_len, self.head_dim, device=device,
+                                    dtype=dtype) for _ in range(2))
+                  for _ in self.core.layers]
+        pos_all = torch.arange(max_len, device=device)
+        cos_tab, sin_tab = self.core.rotary_emb(caches[0][0], pos_all[None])  # (1, Lmax, D)
+        cos_tab, sin_tab = cos_tab[0], sin_tab[0].clone()
+        # rotate_half(x) = roll(x, D/2) with the first half negated: fold the sign into sin.
+        sin_tab[:, : self.head_dim // 2] *= -1
+        next_tok = torch.zeros(C, dtype=torch.long, device=device)
+        return caches, pos_all, cos_tab, sin_tab, next_tok
 
     def _decode_step(self, active, C, slot_pos, next_tok, caches, cos_tab, sin_tab, pos_all,
                      params, generator, slot_seq, responses, logps, uniforms) -> torch.Tensor:

@@ -1,43 +1,22 @@
 """Dataset tasks: prompts and reference answers read from user files (JSONL, Parquet, verl).
 
-`DatasetTask` implements the Task interface of `rollout/tasks.py` over rows of a file:
-
-- JSONL (`.jsonl`, `.json`: one JSON object per line, blank lines skipped) and Parquet, with
-  configurable `prompt_column` / `answer_column` (default `prompt`, `answer`; a dotted name
-  such as `reward_model.ground_truth` reaches into nested objects).
-- verl layout: `prompt` is a chat message list `[{"role": "user", "content": ...}]` and the
-  answer is `reward_model.ground_truth`. `format: verl` forces it; otherwise it is detected
-  when the first row's prompt is a message list, the answer column is absent and a
-  `reward_model` column exists.
-- A message-list prompt is kept in `Example.meta["messages"]`; `Example.prompt` is the text of
-  the last user message (list-of-parts content joined). The trainer applies the tokenizer's
-  chat template to `messages` when one exists.
-- Numeric answers are accepted and turned into text (`42`, `42.0` -> "42", `0.5` -> "0.5").
-
-Malformed rows (invalid JSON, a missing column, a prompt that is neither a string nor a
-message list, an empty answer) are all collected; one `DataError` names the first one as
-`file:line` (Parquet: `file:row N`, 0-based as in pandas' `iloc`) and how many more there are.
-
-Held-out set: `eval_path` when given; otherwise a deterministic split of `path`: a permutation
-seeded by `EVAL_SEED_OFFSET` (independent of the run seed, so every run is evaluated on the
-same prompts) whose last `min(1024, max(1, n // 10))` rows are held out. As for the built-in
-tasks, training rows whose prompt also appears in the held-out set are removed.
-`train_stream(seed)` is infinite: each epoch visits every training row once, in an order
-shuffled by a `random.Random(seed)` that carries over between epochs.
-
-Prompts that do not fit the model's context with `rollout.max_new_tokens` are rejected by
-`prompt_lengths.check_prompt_lengths` (the trainers call it once the model is known, before
-any run directory exists; `check_dataset` with a model).
-
-Deviations: files are read whole into memory (no streaming); `eval_set(n)` returns fewer
-than n examples when the held-out set is smaller; the built-in tasks keep their generated
-data but take `task.reward` when it is not `exact`.
+`DatasetTask` implements the Task interface of `rollout/tasks.py` over the rows of a JSONL
+or Parquet file, with configurable prompt and answer columns (a dotted name reaches into
+nested objects), and the verl layout (a chat-message prompt, the answer in
+`reward_model.ground_truth`), forced by `format: verl` or detected. Malformed rows are all
+collected into one `DataError` naming the first as `file:line`. The held-out set is
+`eval_path` or a deterministic split independent of the run seed; `train_stream(seed)`
+visits every training row once per epoch. Deviations: files are read whole into memory, and
+`eval_set(n)` may return fewer than n examples. Columns, detection, the split and the row
+checks: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from rlbatch.core.config import RewardConfig, TaskConfig
-from rlbatch.core.errors import DataError
+from rlbatch.core.errors import ConfigError, DataError
 from rlbatch.rollout.reward_runner import Call, RewardRunner
 from rlbatch.rollout.rewards import RewardFn, make_reward, reference_completion
 from rlbatch.rollout.tasks import BUILTIN_TASKS, EVAL_SEED_OFFSET, Example
@@ -222,11 +201,24 @@ def malformed_error(path: str, unit: str, errors: list[tuple[int, str]]) -> Data
     return DataError(first_msg, where=where)
 
 
+def _not_a_file(path: str) -> str:
+    """Why `path` is not a readable file: a symlink loop and a dangling link are named."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link loop (too many levels of symbolic links)"
+        if os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+        return "no such file"
+    return "not a file"
+
+
 def load_rows(path: str, fmt: str = "auto", prompt_column: str = "prompt",
               answer_column: str = "answer") -> LoadedRows:
     """Read and validate every row of `path`; a DataError for a missing file or bad rows."""
     if not Path(path).is_file():
-        raise DataError("not a file" if Path(path).exists() else "no such file", where=path)
+        raise DataError(_not_a_file(path), where=path)
     container = container_of(path, fmt)
     if container == "jsonl":
         records, errors = read_jsonl(path)
@@ -329,6 +321,18 @@ class DatasetTask:
             chars.update(e.prompt)
             chars.update(e.answer)
         return "".join(sorted(chars))
+
+
+def check_eval_prompts(task, prompts: int, where: str | None = None) -> None:
+    """`eval.prompts` beyond a dataset's held-out set is an error naming both numbers (it
+    would silently evaluate on fewer prompts than configured); built-in tasks draw any
+    number of held-out prompts."""
+    held = getattr(task, "held_out", None)
+    if held is not None and prompts > len(held):
+        raise ConfigError(
+            f"eval.prompts = {prompts} is more than the {len(held)} held-out prompts of "
+            f"{where or 'the dataset'}: set eval.prompts to at most {len(held)}, or give a "
+            "larger held-out set with task.eval_path")
 
 
 def build_task(cfg: TaskConfig):

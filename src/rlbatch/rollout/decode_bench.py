@@ -1,43 +1,14 @@
 """Decode throughput against generation concurrency C, with a measured roofline.
 
-Implements the "raise decode concurrency until throughput plateaus, latency is unacceptable or
-KV memory runs out" step of the paper's procedure (docs/design.md, Method; arXiv 2608.29296): generation is
-memory-bandwidth bound at low C and larger active decode batches raise throughput until compute
-or KV-cache memory limits. For each C the engine decodes `sequences(C)` random prompts of
-`prompt_tokens` tokens for exactly `new_tokens` tokens each (EOS disabled), one untimed warm-up
-wave of C sequences first, then `reps` timed repetitions; the median is reported.
-
-Definitions (all per C):
-
-- `sequences`: the smallest multiple of C that is >= `min_sequences` (64), so every wave of
-  the continuous batcher is full and tail waves do not dilute the figure.
-- `tokens_per_s`: generated tokens / wall seconds of one `engine.generate` call (prefill and
-  scheduling overhead included, device synchronised by the engine), median over reps.
-- `latency_s`: steady-state seconds one sequence spends from admission to its last token,
-  by Little's law: C sequences in flight, `tokens_per_s / new_tokens` sequences finishing per
-  second, so latency = C * new_tokens / tokens_per_s. (Equal prompts and exact lengths make
-  every sequence take the same number of steps, so this equals the per-wave wall time.)
-- KV cache: `2 (K and V) * layers * kv_heads * head_dim * (prompt + new tokens) * dtype
-  bytes` per sequence, which is exactly what the built-in engine allocates per slot. The
-  memory budget (default: the device's total memory, or physical RAM on CPU) minus the
-  weight bytes gives `max_concurrency_in_budget`; the sweep stops before any C above it.
-- Roofline (Williams et al. 2009): peak FLOP/s from a median-timed square GEMM probe in the
-  model's dtype, bandwidth from a large tensor copy ((read + written bytes) / s). One decode
-  step at C does ~`2 * matmul_params * C` FLOPs (every nn.Linear, the LM head included; the
-  embedding lookup is free) plus attention `4 * layers * heads * head_dim * ctx * C`, and
-  moves `weight_bytes + C * kv_bytes_per_token * ctx` bytes, with ctx = prompt + new/2 the
-  mean context. Intensity = FLOPs / bytes; bound = min(peak, intensity * bandwidth);
-  `roofline_fraction` = achieved / bound, achieved = tokens_per_s * FLOPs per token.
-- `plateau_concurrency`: the smallest C whose tokens_per_s is within 5% of the best measured
-  tokens_per_s, among rows within the latency cap.
-- `stopped_by`: "completed" | "memory_budget" (next C needs more KV than the budget holds) |
-  "out_of_memory" (the allocator failed at that C; its row is dropped) | "latency_cap"
-  (that C's latency exceeded the cap; its row is kept, marked `within_latency_cap: false`).
-
-Deviations: achieved FLOP/s counts only the generated tokens' forward FLOPs, while the wall
-time also holds the prefill, so the fraction is a slight underestimate; activation memory is
-not counted in the budget (it is small next to the KV cache at decode). The probes measure
-this process on this machine; they are not vendor peak figures.
+Implements the "raise decode concurrency until throughput plateaus, latency is unacceptable
+or KV memory runs out" step of the paper's procedure (docs/design.md, Method; arXiv
+2608.29296). For each C the engine decodes full waves of random prompts for exactly
+`new_tokens` tokens (EOS disabled), after one untimed warm-up wave, and reports the median
+tokens/s over `reps`, the latency by Little's law, the KV bytes against the memory budget,
+and the fraction of a roofline (Williams et al. 2009) built from this machine's own GEMM and
+copy probes. The sweep stops at the memory budget, an out-of-memory error or the latency
+cap; `plateau_concurrency` is the smallest C within 5% of the best tokens/s. Definitions,
+FLOP and byte counts, deviations: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -74,9 +45,10 @@ class BenchSpec:
 
     def __post_init__(self):
         if not self.concurrency or any(c <= 0 for c in self.concurrency):
-            raise ConfigError("--concurrency: give one or more positive integers")
+            raise ConfigError("decode concurrency C: give one or more positive integers")
         if list(self.concurrency) != sorted(set(self.concurrency)):
-            raise ConfigError("--concurrency: values must be increasing and distinct")
+            raise ConfigError(f"decode concurrency C: values must be increasing and distinct, "
+                              f"got {list(self.concurrency)}")
         for name in ("prompt_tokens", "new_tokens", "reps", "min_sequences"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be a positive integer")

@@ -4,8 +4,8 @@
 the caller) with at most `concurrency` sequences in flight, and returns `Rollouts`: response
 token ids, the per-token log-probabilities under the sampling policy, masks, lengths, finish
 reasons and timing. The sampling policy's log-probability is that of the temperature-scaled
-distribution `log_softmax(logits / T)`; top-p truncation is not folded into it (as in verl and
-OpenRLHF), so the trainer's teacher-forced forward at the same T reproduces it. Greedy
+distribution `log_softmax(logits / temperature)`; top-p truncation is not folded into it (as in verl and
+OpenRLHF), so the trainer's teacher-forced forward at the same temperature reproduces it. Greedy
 decoding reports `log_softmax(logits)`.
 
 Keyed sampling (`keys`, one integer per sequence; docs/design.md, "Knobs that must not change
@@ -33,9 +33,9 @@ class SamplingParams:
 @dataclass
 class Rollouts:
     prompt_ids: list[list[int]]
-    response_ids: torch.Tensor  # (N, T) padded with pad_id
-    logprobs: torch.Tensor  # (N, T) float32, 0 where mask is False
-    mask: torch.Tensor  # (N, T) bool, True on generated tokens (EOS included)
+    response_ids: torch.Tensor  # (N, L) padded with pad_id
+    logprobs: torch.Tensor  # (N, L) float32, 0 where mask is False
+    mask: torch.Tensor  # (N, L) bool, True on generated tokens (EOS included)
     lengths: torch.Tensor  # (N,) int64
     finish_reasons: list[str]  # "eos" | "length"
     timing: dict = field(default_factory=dict)  # prefill_s, decode_s, decode_low_s, prefills, tokens
@@ -117,7 +117,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams,
     """Pick next tokens from (n, V) logits; return (tokens (n,), logprobs (n,)). With `u`
     (n,) the draw is keyed: inverse-CDF sampling at those uniforms, no generator drawn.
 
-    The log-probability is taken under log_softmax(logits / T) (module docstring).
+    The log-probability is taken under log_softmax(logits / temperature) (module docstring).
     """
     logits = logits.float()
     if params.greedy:

@@ -60,8 +60,8 @@ class HFEngine:
             max_new_tokens=params.max_new_tokens, eos_token_id=sorted(self.eos) or None,
             pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True, **kwargs,
         )
-        gen = out.sequences[:, width:].cpu()  # (n, T)
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # (n, T, V)
+        gen = out.sequences[:, width:].cpu()  # (n, L)
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # (n, L, V)
         if not params.greedy:
             logits = logits / params.temperature
         lp = torch.log_softmax(logits, -1).gather(2, gen[:, :, None]).squeeze(2)

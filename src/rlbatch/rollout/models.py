@@ -23,7 +23,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from rlbatch.core.errors import ConfigError, Terminated
+from rlbatch.core.errors import ConfigError, Terminated, sanitize
 from rlbatch.rollout.engine import eos_ids_of, pad_id_of
 from rlbatch.rollout.tasks import BUILTIN_TASKS, Example
 
@@ -189,7 +189,8 @@ class _HeldLogs(logging.Filter):
     def release(self) -> None:
         """Print what was held (the load worked: its warnings still matter)."""
         self.__exit__()
-        for record in self.records:
+        for record in self.records:  # text from the checkpoint's files: control codes escaped
+            record.msg, record.args = sanitize(record.getMessage(), multiline=True), None
             self.root.handle(record)
         self.records = []
 

@@ -1,31 +1,14 @@
 """The reward runner: every reward call of a run goes through it, under one stated policy.
 
-Where a call runs:
-- Built-in rewards (`exact`, `numeric`, `gsm8k`, `boxed`, the built-in tasks' exact match) and
-  a `module:function` declared cheap (an attribute `cheap = True` on the function) run in the
-  training process, one call after another; so does any reward with `reward.workers: 0`. Each
-  call gets `reward.timeout_s` by SIGALRM (`rollout/deadline.py`) on POSIX in the main
-  thread, else none (with a warning). It interrupts Python code and blocking calls, not one
-  long C call; a function that sets its own SIGALRM timer replaces it for the rest of that call.
-- Any other `module:function` runs in a pool of `reward.workers` worker processes
-  (`python -m rlbatch.rollout.reward_runner`, connected by a socket pair; the worker imports
-  the function with the parent's `sys.path`, so whatever the trainer can import, the worker
-  can). Calls are dealt to idle workers; one that has not answered after `reward.timeout_s`
-  seconds is killed and replaced. A worker that dies (a crash, `os._exit`, a signal) is
-  replaced too; its call counts as an error. A replacement starts in the background and
-  takes calls once it has imported the function.
-
-What a call can yield (`classify`): a number or bool (the reward), None (unscorable: the
-function could not score it; counted in `reward/unscorable`, scored 0, as before), or a
-fault: `error` (it raised, or returned something that is not a number, bool or None),
-`timeout` or `nonfinite` (NaN, infinity, or a magnitude beyond float32, which
-the reward tensor would turn into infinity). The trainer gives a faulted sample
-`reward.error_value` or drops it from its group (`reward.on_error`), counts the faults per
-step and ends the run past `reward.max_error_rate`; this module only reports them, with the
-first distinct messages (`FaultLog`).
-
-Deviations: the pool's first start waits for every worker to import the function (at most
-`max(60, timeout_s)` seconds) and fails with one line when a worker cannot.
+Built-in rewards, `module:function` rewards marked `cheap = True`, and any reward under
+`reward.workers: 0` run in the training process with a SIGALRM timeout
+(`rollout/deadline.py`); every other `module:function` runs in a pool of `reward.workers`
+worker processes (`python -m rlbatch.rollout.reward_runner`, one socket pair each), where a
+worker that times out or dies is replaced. `classify` sorts each result into a reward,
+unscorable (None) or a fault (`error`, `timeout`, `nonfinite`); the trainer applies the
+fault policy, this module only reports the faults (`FaultLog`). Where each kind of call
+runs, the limits of the in-process timeout and the pool's start-up: docs/design.md,
+"Module notes".
 """
 
 from __future__ import annotations
@@ -48,7 +31,14 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from rlbatch.core.config import RewardConfig
-from rlbatch.core.errors import ConfigError, Terminated, UserError
+from rlbatch.core.errors import (
+    ConfigError,
+    Interrupted,
+    Terminated,
+    UserError,
+    pending_stop,
+    sanitize,
+)
 from rlbatch.rollout.deadline import CallTimeout, Deadlines, alarm_usable
 from rlbatch.rollout.rewards import BUILTIN_REWARDS, make_reward
 from rlbatch.rollout.tasks import Example
@@ -93,13 +83,20 @@ class Scored:
 
 
 def one_line(text: str) -> str:
-    text = " ".join(str(text).split())
+    """Outside text (a reward's message, a prompt) as one safe line: whitespace runs (CR and
+    newlines included) become one space, other control characters are escaped (`sanitize`:
+    an ESC from a reward's exception must not reach the terminal), at most 300 characters."""
+    text = sanitize(" ".join(str(text).split()))
     return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
 
 
 def describe_exception(exc: BaseException) -> str:
     if isinstance(exc, UserError):
         return one_line(str(exc))
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):  # named: the reward did it, not us
+        what = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+        return one_line(f"the reward function raised {what}; a reward must return a value, "
+                        "not exit or interrupt the run")
     return one_line(f"{type(exc).__name__}: {exc}")
 
 
@@ -132,12 +129,20 @@ def call_in_process(fn, call: Call, timer: Deadlines | None = None,
     except CallTimeout:
         return "timeout", None, (f"no result within {timer.seconds:g} s (in-process call "
                                  "interrupted)")
-    except Terminated:  # SIGTERM to the trainer: the run ends, the call is not a fault
+    except (Terminated, Interrupted):  # a stop signal to the trainer: not the reward's fault
         raise
-    # the user's function may raise anything: counted, not fatal
-    except Exception as exc:  # noqa: BLE001
+    except KeyboardInterrupt as exc:  # the function's own, unless no CLI handler tells them apart
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            raise
         return "error", None, describe_exception(exc)
-    return classify(value)
+    # the user's function may raise anything (sys.exit included): counted, not fatal
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        outcome = ("error", None, describe_exception(exc))
+    else:
+        outcome = classify(value)
+    if (stop := pending_stop()) is not None:  # a function that swallowed the stop signal
+        raise stop
+    return outcome
 
 
 # ---------------------------------------------------------------- the worker process
@@ -167,8 +172,9 @@ def _worker_main(fd: int) -> None:
         try:
             value = fn(prompt, completion, example)
             kind, out, msg = classify(value)
-        # the user's function may raise anything: counted by the parent under the policy
-        except Exception as exc:  # noqa: BLE001
+        # the user's function may raise anything, sys.exit and KeyboardInterrupt included
+        # (SIGINT is ignored here, so that one is the function's own): counted by the parent
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001
             kind, out, msg = "error", None, describe_exception(exc)
         reply = (index, kind, out, msg)
 
@@ -187,9 +193,13 @@ class _Worker:
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2])  # rlbatch importable in the worker
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        # its own session and process group (pgid = its pid): whatever the function forks
+        # stays in it and is killed with it; a terminal's Ctrl-C or hang-up reaches only
+        # the trainer, which closes the pool
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlbatch.rollout.reward_runner", str(child.fileno())],
-            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True)
         child.close()
         self.conn = Connection(parent.detach())
         self.conn.send((list(sys.path), spec, tolerance))
@@ -197,9 +207,16 @@ class _Worker:
         self.ready = False
         self.busy: tuple[int, float] | None = None  # (call index, start time)
 
+    def _kill_group(self) -> None:
+        """SIGKILL to the worker's process group: the worker and every process the reward
+        function started that did not leave the group (`setsid` would escape it)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # the group is gone already
+            pass
+
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        self._kill_group()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
@@ -211,7 +228,8 @@ class _Worker:
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
-            self.kill()
+            pass
+        self.kill()  # and whatever it left behind in its group
 
 
 class RewardPool:

@@ -1,35 +1,14 @@
 """Verifiable rewards for dataset tasks: exact, numeric, GSM8K `####`, LaTeX `\\boxed{}`, custom.
 
-Every reward has the Task signature `(prompt, completion, example) -> float | None` and is pure
-Python (no torch). `make_reward(spec, tolerance)` turns `task.reward` into one of them:
-
-- `exact`   1.0 when completion and answer are equal after stripping surrounding whitespace.
-- `numeric` the last number in the completion against the answer, equal when
-            `abs(a - b) <= tolerance * max(1, abs(b))` (relative above 1, absolute below).
-            Numbers may carry a sign, thousands commas (`1,234`), decimals, an exponent, or be
-            a fraction `3/4` / `\\frac{3}{4}`.
-- `gsm8k`   the number after the last `####` (commas and `$` dropped), compared as `numeric`.
-            The ground truth is a GSM8K solution (`... #### 42`) or a bare number.
-- `boxed`   the content of the last `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed.
-            Compared numerically when both sides parse as numbers, else as normalized LaTeX
-            (whitespace, `$`, `\\left`/`\\right`, thin spaces, `\\dfrac`/`\\tfrac` removed).
-            The ground truth may be a bare answer or contain its own `\\boxed{}`.
-- `module:function` a user function imported from the Python import path (the working
-  directory under `python -m`, installed packages, PYTHONPATH); it must take
-  `(prompt, completion, example)` (checked when the config is resolved) and return a number,
-  a bool or None. It runs in worker processes under `reward:`'s policy
-  (`rollout/reward_runner.py`) unless it sets `cheap = True` on itself.
-
-When a reward returns None (unscorable; the trainer counts it, never silently 0): the ground
-truth cannot be parsed by the chosen reward (e.g. `numeric` with answer "blue"), or the
-extractor finds nothing in the completion (`numeric`: no number; `gsm8k`: no number after a
-`####`; `boxed`: no `\\boxed{}`). A completion that yields an answer which is merely wrong scores
-0.0. `exact` never returns None.
-
-Deviations: extraction is deliberately simpler than math-verify/sympy equivalence (no symbolic
-simplification, no units); `gsm8k` and `boxed` fall back to string comparison after
-normalization only when a side is not a number. An import failure of a custom reward raises
-`ConfigError` (a config value that cannot be resolved), naming `task.reward`.
+Every reward has the Task signature `(prompt, completion, example) -> float | None` and is
+pure Python (no torch). `make_reward(spec, tolerance)` turns `task.reward` into one of them:
+`exact` (equal after stripping whitespace), `numeric` (the completion's last number within a
+relative/absolute tolerance), `gsm8k` (the number after the last `####`), `boxed` (the last
+`\\boxed{}`, compared numerically or as normalized LaTeX), or a user `module:function`,
+which runs under `reward:`'s policy (`rollout/reward_runner.py`). None means unscorable (the
+ground truth or the completion could not be parsed), never a silent 0. Deviation: extraction
+is simpler than math-verify/sympy equivalence. What each reward accepts and when it returns
+None: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations

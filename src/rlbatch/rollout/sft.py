@@ -2,7 +2,7 @@
 (`rollout.tiny_model`'s warm start), on fixed- or variable-length answers.
 
 Fixed-length tasks (addition, reverse: every prompt and every answer of one length) run the
-computation the default models were built with, unchanged: one unmasked forward per SFT
+computation the default models are built with: one unmasked forward per SFT
 step, and greedy decoding by full forwards checked by exact match of every answer token and
 EOS. Variable-length tasks (runsum) pad: prompts on the left (with an attention mask and
 position ids that count real tokens, as the trainer's batches do), answers on the right with
@@ -65,7 +65,7 @@ def greedy_accuracy(model, tokenizer, examples: list[Example], task=None,
     """Held-out accuracy under greedy decoding, and per-position accuracy.
 
     Fixed-length answers (addition, reverse): exact match of every answer token and EOS,
-    decoded by full forwards (the computation the default models were built with), and the
+    decoded by full forwards (the computation the default models are built with), and the
     accuracy of each answer position. Variable-length answers (runsum): decoded with the
     built-in engine's KV cache up to EOS or the longest answer + 1, scored by the task's own
     reward (what the trainer's `eval/accuracy` measures: the final answer only for runsum);
@@ -127,7 +127,7 @@ def _teacher_forced_hits(model, tokenizer, examples: list[Example],
     return hits, counts
 
 
-def _sft_step(model, opt, tokenizer, examples: list[Example], micro: int = 32) -> float:
+def sft_step(model, opt, tokenizer, examples: list[Example], micro: int = 32) -> float:
     """One AdamW step of teacher-forced cross-entropy on the answers and EOS, averaged over
     the answer tokens of all `examples` (token mean). Variable-length examples are sorted by
     length and cut into micro-batches of `micro` examples, each padded only to its own
@@ -156,16 +156,16 @@ def _sft_step(model, opt, tokenizer, examples: list[Example], micro: int = 32) -
 def _answer_logits(model, enc: _Encoded) -> torch.Tensor:
     """(N, Ta+1, V) logits at the positions that predict the answer tokens and EOS."""
     prompts, answers = enc.prompts, enc.answers
-    seq = torch.cat([prompts, answers.clamp(min=0)], dim=1)  # (N, T); IGNORE -> pad id 0
+    seq = torch.cat([prompts, answers.clamp(min=0)], dim=1)  # (N, L); IGNORE -> pad id 0
     if enc.uniform:
-        logits = model(input_ids=seq[:, :-1]).logits  # (N, T-1, V)
+        logits = model(input_ids=seq[:, :-1]).logits  # (N, L-1, V)
     else:
         attn = torch.ones_like(seq)  # right padding sits after every real token: unmasked
         if enc.prompt_mask is not None:
             attn[:, :prompts.shape[1]] = enc.prompt_mask
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         logits = model(input_ids=seq[:, :-1], attention_mask=attn[:, :-1],
-                       position_ids=pos[:, :-1]).logits  # (N, T-1, V)
+                       position_ids=pos[:, :-1]).logits  # (N, L-1, V)
     return logits[:, prompts.shape[1] - 1:]
 
 

@@ -6,8 +6,8 @@ Built-in tasks are generated deterministically from a seed with a difficulty kno
   (123+456 -> prompt `321+654=`, answer `9750`). A reversed answer makes carries learnable
   left to right (docs/design.md); reversing the operands too puts each answer digit at a fixed
   offset from the operand digits it needs. Deviation from the docs/design.md prototype (operands
-  in normal order): on this 2-core machine the warm-start SFT plateau shrank from ~800 to
-  ~320 steps of 128 examples, which keeps `rlbatch model build` well under two minutes.
+  in normal order): reversed operands shorten the warm-start SFT plateau severalfold, which
+  keeps `rlbatch model build` short (docs/study.md, section 1).
 - `reverse`: `rev:12345=` -> `54321`; structurally different (copying with reordering,
   no arithmetic), so findings are not tied to one task.
 - `runsum`: a reasoning-like task with step-by-step answers of variable length (`RunSumTask`):
@@ -169,13 +169,12 @@ class RunSumTask(_GeneratedTask):
 
         prompt `a3b5c2d7=`        answer `a3300b5800c2010d7710=710`
 
-    Design (measured while building the tiny model): every step has the same width
-    (1 + digits + w), so the previous total sits at a fixed offset; the item is found by
-    content, copying what follows its label in the prompt (an induction-head pattern), and is
-    echoed before the total so that the copy and the addition are separate tokens. Without the
-    echo (`a300b800...`) 400 SFT steps left the units digit of the second total at 0.44 and
-    of the third at chance; with it the skill formed in ~180 steps. After the last item the
-    prompt's next token is `=`, which also tells the model where to stop.
+    Design: every step has the same width (1 + digits + w), so the previous total sits at a
+    fixed offset; the item is found by content, copying what follows its label in the prompt
+    (an induction-head pattern), and is echoed before the total so that the copy and the
+    addition are separate tokens (without the echo the tiny model's SFT did not form the
+    skill: docs/study.md, section 1). After the last item the prompt's next token is `=`,
+    which also tells the model where to stop.
 
     k = min_items + floor(E), E ~ Exponential(mean `mean_extra_items`), drawn again while
     k > max_items (26, one label per letter): median 5, p90 14, a tail to 26 with the

@@ -2,33 +2,15 @@
 
 A Llama-architecture causal LM (hidden 128, 3 layers, 4 heads, MLP 512, tied embeddings,
 ~0.8M parameters) with a character-level tokenizer built with `tokenizers`, saved as an
-ordinary Hugging Face checkpoint folder (loads with `AutoModelForCausalLM` and
-`PreTrainedTokenizerFast`).
-
-Warm start (docs/design.md calibration facts): RL amplifies a half-formed skill but did not
-discover a missing one, and the skill appears in jumps during supervised fine-tuning. So the
-build fine-tunes on the task, checks held-out greedy accuracy (1,024 prompts) as it goes, and
-keeps the first checkpoint whose accuracy lies inside the warm-start band with every answer
-position at least `min_position_accuracy` (each sub-skill partly formed): chosen by measured
-accuracy, not by step count. Where the arithmetic lands a jump depends on the CPU (one machine
-went 0.088 -> 0.434 -> 0.549 in 25 steps, skipping the band 0.25-0.40 between two checks), so
-an overshoot returns to the last check below the band with half the learning rate and checks
-after every step (`BandSearch`); if that still cannot land in the band the build fails with
-`WarmStartError` and keeps nothing. Builds are cached by a hash of the recipe under
-`$RLBATCH_CACHE` (default `~/.cache/rlbatch`) and written atomically.
-
-Per task (`recipe_for`): addition and reverse share the vocabulary CHARS and the default
-recipe, unchanged. `runsum` (variable-length answers, `rollout.tasks.RunSumTask`) has its
-own vocabulary (digits, `=`, the labels a-z), 256 positions (its longest prompt and answer
-take 190), the band 0.35-0.50 with every answer position reached by at least half of the
-held-out answers at 0.3 or more (teacher-forced: each step's skill partly formed); its SFT
-and checks pad (`rollout.sft`). Accuracy plateaus near 0.19 (lists of one or two items,
-some luck) for tens of steps before the skill forms as a jump (2 cores: 0.19 at SFT step
-145, 0.29 at 160, 0.37 at 170, 0.44 at 180, 0.66 at 190, 0.77 at 200, steps of 128
-examples). The band sits where short GRPO runs improved (grpo-long at eta0 = 3e-5, 4-16k
-samples, one seed each): from 0.29 accuracy fell (0.285 -> 0.26), from 0.35-0.37 it rose by
-~0.04-0.07, from 0.43 by ~0.06-0.09, from 0.64 not at all. Checks use 1,024 prompts, so the
-accepted check is the recorded accuracy.
+ordinary Hugging Face checkpoint folder. RL amplifies a half-formed skill but does not
+discover a missing one (docs/design.md, calibration), so the build fine-tunes on the task
+and keeps the first checkpoint whose held-out greedy accuracy lies inside the warm-start
+band with every answer position partly formed: chosen by accuracy, not by step count. An
+overshoot past the band is retried from the last check below it at half the learning rate
+(`BandSearch`); failing that, `WarmStartError`, and nothing is kept. Builds are cached by a
+hash of the recipe under `$RLBATCH_CACHE` (default `~/.cache/rlbatch`), written atomically.
+The per-task recipes (`recipe_for`) and where the bands come from: docs/design.md,
+"Module notes".
 """
 
 from __future__ import annotations
@@ -48,7 +30,7 @@ import torch
 
 from rlbatch.core.errors import UserError
 from rlbatch.core.runlog import atomic_write_json, stable_hash
-from rlbatch.rollout.sft import _sft_step, greedy_accuracy
+from rlbatch.rollout.sft import greedy_accuracy, sft_step
 from rlbatch.rollout.tasks import BUILTIN_TASKS, answer_tokens, take
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -296,7 +278,7 @@ class _SftRun:
 
     def step(self) -> None:
         self.model.train()
-        self.loss = _sft_step(self.model, self.opt, self.tok,
+        self.loss = sft_step(self.model, self.opt, self.tok,
                               take(self.stream, self.r.sft_examples_per_step))
         self.steps += 1
         if self.progress:

@@ -1,37 +1,15 @@
 """vLLM decode engine (`rollout.engine: vllm`): GPU only, optional extra `vllm`.
 
-Implements the engine interface of `engine.py` over `vllm.LLM`: prompts go in as token ids
-(`{"prompt_token_ids": ...}`, vLLM's TokensPrompt), one `SamplingParams(n=1, temperature,
-top_p, max_tokens, logprobs=0, stop_token_ids)` per sequence, and `max_num_seqs = C` caps the
-sequences in flight. After each optimizer update the trainer calls `sync_weights()`, which
-loads the HF model's state_dict into vLLM's model in place (no checkpoint written).
-
-Where it deviates from the built-in engine, and why:
-
-- Log-probabilities. Our contract (engine.py) is log_softmax(logits / T) of the sampled token,
-  top-p not folded in. What vLLM reports depends on its version: the V0 sampler and V1 with
-  `logprobs_mode="processed_logprobs"` give the processed distribution (after temperature AND
-  top-k/top-p masking, i.e. renormalised over the nucleus); V1's default `"raw_logprobs"`
-  gives log_softmax(logits) with no temperature. So the LLM is created with
-  `processed_logprobs` when this vLLM accepts that option, and its values are used only where
-  they equal the contract (greedy, or top_p == 1). Otherwise (top_p < 1, or an older vLLM)
-  the sampled tokens are re-scored by a teacher-forced forward of the HF model at T
-  (`teacher_forced_logprobs`), the forward the trainer itself runs. vLLM computes in the
-  model's dtype (usually bf16), so even its matching values agree with the trainer's
-  recomputation only to that precision.
-- Randomness. vLLM takes no torch.Generator: each sequence gets a `seed` drawn from
-  `generator`, so the same generator seed reproduces the rollouts (up to GPU kernel
-  nondeterminism).
-- Concurrency. `max_num_seqs` is fixed when the LLM is built; a call with a different C
-  rebuilds it (seconds to minutes), so keep C fixed within a run.
-- Process model. The engine core is kept in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`
-  unless already set) so weights can be loaded from the trainer's tensors without
-  serialisation; vLLM preallocates `gpu_memory_utilization` of the GPU (0.5 by default here,
-  leaving the rest to the trainer).
-
-UNVERIFIED: written against vLLM's public API (0.8 - 0.11: `LLM.apply_model`,
-`llm_engine.model_executor.driver_worker.model_runner.model.load_weights`,
-`reset_prefix_cache`) without a GPU; its tests skip without CUDA and vllm.
+Implements the engine interface of `engine.py` over `vllm.LLM`: prompts go in as token ids,
+one `SamplingParams(n=1, ...)` per sequence, `max_num_seqs = C` caps the sequences in
+flight, and after each optimizer update `sync_weights()` loads the HF model's state_dict
+into vLLM's model in place (no checkpoint written). Deviations from the built-in engine:
+vLLM's log-probabilities are used only where they equal the contract (greedy, or
+top_p == 1), otherwise the sampled tokens are re-scored by a teacher-forced forward; each
+sequence gets a seed drawn from the generator; a different C rebuilds the LLM; the engine
+core stays in this process. UNVERIFIED: written against vLLM's public API (0.8 - 0.11)
+without a GPU; its tests skip without CUDA and vllm. Details: docs/design.md,
+"Module notes".
 """
 
 from __future__ import annotations

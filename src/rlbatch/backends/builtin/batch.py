@@ -1,6 +1,6 @@
 """Tensor layout of a rollout batch for teacher-forced forwards.
 
-Prompts are left-padded to a common width Lp and responses right-padded to T, so response
+Prompts are left-padded to a common width Lp and responses right-padded to L, so response
 token t of every row sits at column Lp + t and is predicted by the logits at column
 Lp - 1 + t. Position ids are the cumulative count of real tokens, so padding changes no
 real token's position (the engine decodes with the same positions): the forward is
@@ -25,11 +25,11 @@ from rlbatch.rollout.engine import Rollouts
 
 @dataclass
 class SeqBatch:
-    input_ids: torch.Tensor  # (N, Lp + T)
-    attention_mask: torch.Tensor  # (N, Lp + T) long
-    position_ids: torch.Tensor  # (N, Lp + T)
-    response_ids: torch.Tensor  # (N, T)
-    response_mask: torch.Tensor  # (N, T) bool
+    input_ids: torch.Tensor  # (N, Lp + L)
+    attention_mask: torch.Tensor  # (N, Lp + L) long
+    position_ids: torch.Tensor  # (N, Lp + L)
+    response_ids: torch.Tensor  # (N, L)
+    response_mask: torch.Tensor  # (N, L) bool
     prompt_width: int  # Lp
 
     def rows(self, idx: torch.Tensor | slice) -> SeqBatch:
@@ -47,7 +47,7 @@ class SeqBatch:
         """The same rows without the padding columns that none of them uses: prompt padding
         cut to the longest prompt, responses cut to the longest response (responses are
         right-padded, prompts left-padded, so both cuts remove padding only). Response
-        column t stays response token t; slice per-token tensors with [:, :T] to match."""
+        column t stays response token t; slice per-token tensors with [:, :L] to match."""
         lp = max(1, int(self.attention_mask[:, :self.prompt_width].sum(1).max()))
         t = max(1, int(self.response_mask.sum(1).max()))
         cols = slice(self.prompt_width - lp, self.prompt_width + t)
@@ -69,7 +69,7 @@ def micro_batches(idx: torch.Tensor, lengths: torch.Tensor, micro: int,
 
 
 def by_micro_batches(fn, b: SeqBatch, micro: int) -> torch.Tensor:
-    """(N, T) per-token outputs of `fn` (a no-grad forward: SeqBatch of m rows -> (m, t))
+    """(N, L) per-token outputs of `fn` (a no-grad forward: SeqBatch of m rows -> (m, t))
     over length-ordered, trimmed micro-batches of `micro` rows, scattered back into the
     whole batch's columns (0 in the padding columns a micro-batch was trimmed of). One
     forward over the whole padded batch costs every row the longest row's columns; this
@@ -107,26 +107,28 @@ def to_device(b: SeqBatch, device) -> SeqBatch:
 
 
 def response_hidden_slice(b: SeqBatch) -> slice:
-    """Columns whose outputs predict response tokens 0..T-1."""
+    """Columns whose outputs predict response tokens 0..L-1."""
     t = b.response_ids.shape[1]
     return slice(b.prompt_width - 1, b.prompt_width - 1 + t)
 
 
-def forward_logprobs(model, b: SeqBatch, temperature: float,
-                     with_logits: bool = False, with_entropy: bool = False):
-    """Teacher-forced log-probs of the response tokens at `temperature`: (N, T).
-
-    with_logits: also return the logits (N, T, V). with_entropy: also return the per-token
-    entropy (N, T) of softmax(logits / temperature), detached, from the same forward and the
-    same log-softmax (`algos.losses.token_logprobs_and_entropy`); the log-probs and their
-    gradient are unchanged. Returns lp, or a tuple (lp, [logits], [entropy]) in that order."""
-    width = b.prompt_width + b.response_ids.shape[1] - 1  # the last token predicts nothing
+def response_logits(model, b: SeqBatch) -> torch.Tensor:
+    """(N, L, V) logits of one teacher-forced forward at the columns that predict response
+    tokens 0..L-1 (the last token predicts nothing and is not fed)."""
+    width = b.prompt_width + b.response_ids.shape[1] - 1
     out = model(input_ids=b.input_ids[:, :width], attention_mask=b.attention_mask[:, :width],
                 position_ids=b.position_ids[:, :width], use_cache=False)
-    logits = out.logits[:, response_hidden_slice(b)]  # (N, T, V)
-    if with_entropy:
-        lp, entropy = token_logprobs_and_entropy(logits, b.response_ids, temperature)
-    else:
-        lp, entropy = token_logprobs(logits, b.response_ids, temperature), None
-    extra = ((logits,) if with_logits else ()) + ((entropy,) if with_entropy else ())
-    return (lp, *extra) if extra else lp
+    return out.logits[:, response_hidden_slice(b)]
+
+
+def forward_logprobs(model, b: SeqBatch, temperature: float) -> torch.Tensor:
+    """(N, L) teacher-forced log-probs of the response tokens at `temperature`."""
+    return token_logprobs(response_logits(model, b), b.response_ids, temperature)
+
+
+def forward_logprobs_entropy(model, b: SeqBatch,
+                             temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`forward_logprobs` and the per-token entropy (N, L) of softmax(logits / temperature),
+    detached, from the same forward and log-softmax (`algos.losses.token_logprobs_and_entropy`):
+    the log-probs and their gradient are those of `forward_logprobs`."""
+    return token_logprobs_and_entropy(response_logits(model, b), b.response_ids, temperature)

@@ -1,38 +1,14 @@
 """Checkpoints for exact resume: weights, optimizer states, RNG states, counters.
 
-What is stored. One checkpoint is one folder `<run>/checkpoints/step-<step, 8 digits>/`:
-
-- `model.safetensors` (and `critic.safetensors` for PPO): the weights;
-- `state.pt`: the optimizer state dicts (actor and, for PPO, critic), the trainer's torch
-  generator state, the global torch RNG state and `extra` (noise-scale EMA states: numbers);
-- `counters.json`: every run counter, including how many task examples were consumed;
-- `checksums.json`, written last: the size and SHA-256 of each file above.
-
-Restoring the generator, the global RNG and the counters makes a resumed CPU run produce the
-same rows as an uninterrupted one.
-
-Atomic writes. A save writes `<run>/checkpoints/.tmp-step-N/`, fsyncs every file and the
-folder, renames it to `step-N/` (one atomic rename; the parent folder is fsynced too) and only
-then deletes the checkpoints older than the newest two (each renamed to `.trash-*` before it is
-deleted). A kill at any point of a save therefore leaves the checkpoints that existed before it
-complete; folders whose name starts with a dot are never loaded, and the next save removes them.
-A save that fails (full disk, read-only folder) removes its temporary folder: `OutputError`.
-
-Two-checkpoint fallback. The latest and the previous checkpoint are kept. `load_checkpoint`
-verifies a checkpoint completely before it changes anything: every file's size and SHA-256
-against `checksums.json` (a missing, 0-byte or truncated file is caught here, before torch or
-safetensors read it), then it parses every file into memory and checks it against the model and
-optimizer (names, shapes, parameter-group sizes, RNG state sizes); only then are the states
-applied. A latest checkpoint that fails is reported in one line naming the file (a warning on
-the `rlbatch.backends.builtin.checkpoint` logger, which prints to stderr when logging is not
-configured) and the previous one is tried. If none loads, `DataError` names the run directory
-and every file that failed.
-
-Safety. `state.pt` is read with `torch.load(..., weights_only=True)`: torch's restricted
-unpickler accepts tensors, containers and plain numbers only, so a crafted `state.pt` in a
-copied run directory cannot run code on `--resume` (it fails as a corrupt file, even when its
-checksum was updated to match). Weights are safetensors and counters JSON, neither of which
-can run code. The checksums guard against damage, not against a deliberate forgery.
+One checkpoint is the folder `<run>/checkpoints/step-<step, 8 digits>/`: `model.safetensors`
+(and `critic.safetensors` for PPO), `state.pt` (optimizer and RNG states, noise-scale EMA
+numbers), `counters.json` and, written last, `checksums.json`. Restoring the generators and
+the counters makes a resumed CPU run write the same rows as an uninterrupted one. Saves are
+atomic (a temporary folder renamed into place) and keep the newest two checkpoints;
+`load_checkpoint` verifies a checkpoint completely before applying anything and falls back
+to the previous one; `state.pt` is read with `weights_only=True`, so a copied run directory
+cannot run code on `--resume`. The layout, the write order and the failure cases:
+docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -60,7 +36,6 @@ KEEP = 2  # the latest and the previous checkpoint
 CHECKSUMS = "checksums.json"
 FORMAT = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_LEGACY = ("checkpoint", "checkpoint.old")  # rlbatch <= 0.1.0 layout: reported, never loaded
 _CHUNK = 1 << 20
 
 
@@ -156,8 +131,7 @@ def save_checkpoint(run_dir: Path, *, model, optimizer, counters: dict,
     if replaced.exists():
         shutil.rmtree(replaced)
     for old in list_checkpoints(run_dir)[max(1, keep):]:
-        if old.parent == root:  # legacy folders are left alone
-            _remove(old)
+        _remove(old)
     _fsync_dir(root)
     return final
 
@@ -165,18 +139,15 @@ def save_checkpoint(run_dir: Path, *, model, optimizer, counters: dict,
 # ---------------------------------------------------------------- finding
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's checkpoint folders, newest first (not verified). Folders of the pre-checksum
-    layout (`checkpoint/`, `checkpoint.old/`) come last so that loading reports them."""
-    run_dir = Path(run_dir)
-    root = run_dir / CHECKPOINTS
+    """The run's checkpoint folders, newest first (not verified)."""
+    root = Path(run_dir) / CHECKPOINTS
     found = []
     if root.is_dir():
         for p in root.iterdir():
             m = _STEP_DIR.match(p.name)
             if m and p.is_dir():
                 found.append((int(m.group(1)), p))
-    out = [p for _, p in sorted(found, reverse=True)]
-    return out + [run_dir / n for n in _LEGACY if (run_dir / n).is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
 
 
 def find_checkpoint(run_dir: Path) -> Path | None:
@@ -213,9 +184,7 @@ def _verify_files(path: Path, need: list[str]) -> None:
     """Sizes and SHA-256 of the files against checksums.json; raises _Unusable."""
     sums_path = path / CHECKSUMS
     if not sums_path.is_file():
-        older = path.parent.name != CHECKPOINTS
-        raise _Unusable([(CHECKSUMS, "missing (written by an older rlbatch, not loaded)"
-                          if older else "missing (the save did not finish)")])
+        raise _Unusable([(CHECKSUMS, "missing (the save did not finish)")])
     try:
         sums = json.loads(sums_path.read_text())
         files = sums["files"]
@@ -359,7 +328,7 @@ def _candidates(path: Path) -> tuple[Path, list[Path]]:
         older = [p for p in list_checkpoints(run_dir) if p != path and not (
             _STEP_DIR.match(p.name) and int(_STEP_DIR.match(p.name).group(1)) > mine)]
         return run_dir, [path] + older
-    if path.name in _LEGACY or (path / CHECKSUMS).exists():
+    if (path / CHECKSUMS).exists():
         return path.parent, [path]
     return path, list_checkpoints(path)
 

@@ -24,10 +24,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, b: SeqBatch) -> torch.Tensor:
-        """(N, T) values of the states before each response token."""
+        """(N, L) values of the states before each response token."""
         width = b.prompt_width + b.response_ids.shape[1] - 1
         out = self.backbone(input_ids=b.input_ids[:, :width],
                             attention_mask=b.attention_mask[:, :width],
                             position_ids=b.position_ids[:, :width], use_cache=False)
-        h = out.last_hidden_state[:, response_hidden_slice(b)]  # (N, T, E)
+        h = out.last_hidden_state[:, response_hidden_slice(b)]  # (N, L, E)
         return self.head(h).squeeze(-1).float()

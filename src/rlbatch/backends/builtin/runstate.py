@@ -30,9 +30,21 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+import yaml
+
 from rlbatch.backends.builtin.counters import Counters
 from rlbatch.core.config import Config
-from rlbatch.core.errors import ConfigError, OutputError, Terminated, UserError, writing
+from rlbatch.core.errors import (
+    ConfigError,
+    Interrupted,
+    OutputError,
+    RunFailed,
+    Terminated,
+    UserError,
+    sanitize,
+    writing,
+)
+from rlbatch.core.ownership import LOCK_FILE, disown, own
 from rlbatch.core.runlog import (
     FINISHED,
     STOP_FILE,
@@ -41,6 +53,8 @@ from rlbatch.core.runlog import (
     atomic_write_json,
     build_manifest,
     ended_for_good,
+    identity,
+    make_dir,
     make_run_id,
     read_json,
     read_jsonl,
@@ -56,10 +70,11 @@ STOP_CODES = ("cannot_win", "no_crossing", "probe", "profile_budget")
 
 
 def failure_line(exc: BaseException) -> str:
-    """What went wrong, in one line: a UserError's or Terminated's own message, else
-    `Type: message` (the type alone when there is no message)."""
-    message = " ".join(str(exc).split())
-    if isinstance(exc, (UserError, Terminated)) and message:
+    """What went wrong, in one line: a UserError's, Terminated's or Interrupted's own message,
+    else `Type: message` (the type alone when there is no message); control characters are
+    escaped (`sanitize`)."""
+    message = sanitize(" ".join(str(exc).split()))
+    if isinstance(exc, (UserError, Terminated, Interrupted)) and message:
         text = message
     else:
         text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
@@ -76,6 +91,7 @@ class RunState:
         self._from_checkpoint = False
         self.summary = read_json(run_dir / "summary.json") if finished else {}
         self.writer: RunWriter | None = None
+        self._range_warned = False  # eval/accuracy outside [0, 1] is said once per run
 
     @property
     def status(self) -> str:
@@ -108,8 +124,7 @@ class RunState:
         return [(r.get("kind"), r.get("message")) for r in rows]
 
     # ---- updates ----
-    def advance(self, prompts: int, samples: int, tokens: int, wall: float, skipped: int,
-                any_skipped: bool) -> None:
+    def advance(self, prompts: int, samples: int, tokens: int, wall: float, skipped: int) -> None:
         c = self.c
         c.step += 1
         c.prompts += prompts
@@ -119,7 +134,7 @@ class RunState:
         c.consumed += prompts
         c.first_step_s = c.first_step_s if c.first_step_s is not None else wall
         c.nonfinite_total += skipped
-        c.nonfinite_run = c.nonfinite_run + 1 if any_skipped else 0
+        c.nonfinite_run = c.nonfinite_run + 1 if skipped else 0
 
     def log_step(self, row: dict) -> None:
         self.writer.log_step(row)
@@ -166,6 +181,7 @@ class RunState:
         value = row.get(t.metric)
         if isinstance(value, float) and not math.isfinite(value):
             value = None  # not measured (e.g. every held-out reward call faulted)
+        self._check_accuracy_range(row)
         if c.target_threshold is None and t.gain is not None and row["step"] == 0 \
                 and value is not None:
             c.target_threshold = value + t.gain  # relative target: step-0 value + gain
@@ -177,6 +193,19 @@ class RunState:
             if self.cfg.budget.stop_at_target and c.status == "running":
                 c.status = "target_reached"
 
+    def _check_accuracy_range(self, row: dict) -> None:
+        """One warning per run when `eval/accuracy` leaves [0, 1]: the reward returned values
+        outside the range its contract states, and a target on it means little."""
+        acc = row.get("eval/accuracy")
+        if self._range_warned or not isinstance(acc, float) or not math.isfinite(acc) \
+                or 0.0 <= acc <= 1.0:
+            return
+        self._range_warned = True
+        print(f"warning: eval/accuracy = {acc:.4g} at step {row['step']} is outside [0, 1]: "
+              f"task.reward {sanitize(self.cfg.task.reward)} returns values outside [0, 1], "
+              "so eval/accuracy is not an accuracy and a target on it means little",
+              file=sys.stderr)
+
     def needs_final_eval(self) -> bool:
         """A finished run ends on an evaluation at its last step (a stopped or budget-ended
         run's curve then ends where it stopped, not at the last eval mark)."""
@@ -187,8 +216,8 @@ class RunState:
         if self.c.status == "budget_exhausted" and self.c.target:
             self.c.status = "target_reached"
 
-    def update_status(self, row: dict) -> None:
-        c, b = self.c, self.cfg.budget
+    def update_status(self) -> None:
+        c, budget = self.c, self.cfg.budget
         if c.status != "running":
             return
         stop = self.dir / STOP_FILE
@@ -199,10 +228,11 @@ class RunState:
             c.status = "stopped"
         elif c.nonfinite_run >= self.cfg.nonfinite.max_consecutive:
             c.status = "diverged"
-        elif c.samples >= b.max_samples or (b.max_train_s and c.train_s >= b.max_train_s):
+        elif c.samples >= budget.max_samples or (budget.max_train_s
+                                                 and c.train_s >= budget.max_train_s):
             c.status = "target_reached" if c.target else "budget_exhausted"
 
-    def after_step(self, row: dict, evaluate: Callable[[], None]) -> bool:
+    def after_step(self, evaluate: Callable[[], None]) -> bool:
         """What follows every logged step, in both trainers: fail past the reward fault rate,
         run the evaluations whose sample marks this step crossed, update the status (target,
         budget, stop request, divergence), end a finished run on an evaluation. Returns
@@ -211,7 +241,7 @@ class RunState:
             raise RewardError(reason)
         while self.c.samples >= self.c.next_eval:
             evaluate()
-        self.update_status(row)
+        self.update_status()
         if self.needs_final_eval():
             evaluate()
             self.after_final_eval()
@@ -295,6 +325,9 @@ def run_recorded(state: RunState, body: Callable[[], dict], close: Callable[[], 
     except OutputError as exc:  # written down if it can be; the run resumes once it can write
         state.fail(err := exc.resumable())
         raise err from None
+    except SystemExit as exc:  # sys.exit inside the run: a failure, never exit status 0
+        state.fail(exc)
+        raise RunFailed(f"{state.dir}: run failed: {state.c.failure}") from None
     except BaseException as exc:  # written down, then propagated
         state.fail(exc)
         raise
@@ -303,12 +336,23 @@ def run_recorded(state: RunState, body: Callable[[], dict], close: Callable[[], 
 
 
 def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunState:
+    """The run directory of `cfg`, owned by this process (core/ownership.py) before anything
+    in it is read, deleted or written: another live owner is one line, exit 2, and `--fresh`
+    and `--resume` refuse the same way."""
     resolved = cfg.resolved_dict()
     run_id = make_run_id(resolved, cfg.seed)
     run_dir = Path(cfg.output_dir) / run_id
+    new = not run_dir.exists()
+    make_dir(run_dir)
+    try:
+        own(run_dir, "run directory")
+    except OutputError:
+        if new:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     exists = (run_dir / "config.yaml").exists()
     if exists and fresh:
-        shutil.rmtree(run_dir)
+        _clear(run_dir)
         exists = False
     if exists:
         summary = read_json(run_dir / "summary.json")
@@ -321,17 +365,62 @@ def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunSt
             raise ConfigError(
                 f"run directory {run_dir} holds {what}: pass --resume to continue it from its "
                 "last checkpoint or --fresh to start over")
+        check_recorded_config(run_dir, run_id, resolved)
         return RunState(cfg, run_dir, resuming=True, finished=False)
-    new = not run_dir.exists()
     try:  # config.yaml, which marks a run as existing, is written last
         with RunWriter(run_dir) as w:
             w.write_manifest(build_manifest(run_id, "builtin", cfg.seed, _versions(cfg)))
             w.write_config(resolved)
     except OutputError:
         if new:  # nothing half-written: a folder this call made goes again
+            disown(run_dir)
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     return RunState(cfg, run_dir, resuming=False, finished=False)
+
+
+def _clear(run_dir: Path) -> None:
+    """`--fresh`: everything in the run directory goes but its lock file, which stays held
+    (deleting it would let a third process own a new one beside this)."""
+    for entry in run_dir.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        with writing(entry):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+
+def check_recorded_config(run_dir: Path, run_id: str, resolved: dict) -> None:
+    """Before a resume: the run's config.yaml must still hash to its run id, or the resumed
+    steps would run one config while the record says another. Refused in one line naming the
+    changed keys."""
+    path = run_dir / "config.yaml"
+    try:
+        recorded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot be read to resume the run ({type(exc).__name__})",
+                          where=str(path)) from None
+    if isinstance(recorded, dict) and \
+            make_run_id(recorded, recorded.get("seed", resolved.get("seed"))) == run_id:
+        return
+    ours, theirs = _flat(identity(resolved)), _flat(identity(recorded)
+                                                     if isinstance(recorded, dict) else {})
+    changed = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+    raise ConfigError(f"no longer matches its run id {run_id} (changed: {shown or 'its form'}); "
+                      "restore it, or start over with --fresh", where=str(path))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def fault_rate_message(cfg: Config, faults: int, calls: int, what: str) -> str | None:

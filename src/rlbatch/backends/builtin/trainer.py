@@ -3,30 +3,12 @@
 One rollout step: draw P prompts -> decode P x G responses at concurrency C -> score them ->
 advantages (GRPO: group-normalized; PPO: GAE over critic values) -> `updates_per_step`
 optimizer updates of the actor (and of the critic for PPO) -> one `steps.jsonl` row.
-Evaluations happen at fixed cumulative-sample marks (multiples of `eval.every_samples`, the
-same marks for every B) and are excluded from `train_s`, as are checkpoints.
-
-Accounting: `samples` counts retained responses (all of them: no filtering), `tokens` counts
-generated response tokens, `train_s` sums the wall seconds of rollout steps. Phases are
-timed with device sync at boundaries; `time/other` is the step's wall time minus its named
-phases. The old log-probabilities of the ratio are the engine's (tested equal to a
-teacher-forced forward within 1e-5), which saves one forward pass per step.
-
-Unscorable responses (reward None) are counted in `reward/unscorable` and scored 0 for the
-advantage. A non-finite loss or gradient skips that optimizer update and is counted
-(`actor/nonfinite_skipped`); `nonfinite.max_consecutive` skipped steps in a row end the run
-with status `diverged`.
-
-Rewards go through `rollout/reward_runner.py` (a worker pool with a timeout for
-`module:function` rewards). A faulted call (raised, timed out, non-finite or non-numeric) is
-counted per step (`reward/errors`, `reward/timeouts`, `reward/nonfinite`) and its sample gets
-`reward.error_value`, or under `reward.on_error: drop` is left out of its group (advantage 0,
-response mask cleared so its tokens leave the loss; a step whose faulted samples could fill a
-whole minibatch falls back to `error_value`, as the loss would have no tokens). Evaluation
-averages over the calls that did not fault. Past `reward.max_error_rate` the run fails.
-
-Any exception inside the run (setup after the run directory exists, a step, an evaluation, a
-checkpoint) writes `status: failed` and `failure` to summary.json before it propagates.
+Evaluations happen at the same cumulative-sample marks for every B and, like checkpoints,
+are excluded from `train_s`. The old log-probabilities of the ratio are the engine's, which
+saves one forward pass per step. Rewards go through `rollout/reward_runner.py`; unscorable
+responses, reward faults and non-finite updates are counted per step under stated policies,
+and any exception inside the run writes `status: failed` before it propagates. Accounting,
+timing and the fault policies: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -55,7 +37,7 @@ from rlbatch.backends.builtin.trackers import open_trackers, require_trackers
 from rlbatch.backends.builtin.update import actor_update, critic_update
 from rlbatch.core.config import Config
 from rlbatch.core.timers import PhaseTimer, cuda_sync_or_none
-from rlbatch.rollout.datasets import build_task
+from rlbatch.rollout.datasets import build_task, check_eval_prompts
 from rlbatch.rollout.engine import SamplingParams, response_keys
 from rlbatch.rollout.models import (
     encode_prompt,
@@ -93,6 +75,7 @@ class Trainer:
         require_trackers(cfg.trackers)
         path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits, build_progress)
         check_prompt_lengths(self.task, path, cfg.rollout.max_new_tokens)  # before any run dir
+        check_eval_prompts(self.task, cfg.eval.prompts, cfg.task.eval_path or cfg.task.path)
         self.state: RunState = open_run(cfg, resume=resume, fresh=fresh)
         if self.state.finished:
             return
@@ -165,7 +148,7 @@ class Trainer:
             st.log_step(row)
             self.trackers.log(row)
             self.cb("step", row)
-            if st.after_step(row, self._evaluate):
+            if st.after_step(self._evaluate):
                 self._checkpoint()
         self.trackers.close()
         return st.finish()
@@ -205,7 +188,7 @@ class Trainer:
                                        valid=None if drop is None else ~drop)
         times, _ = timer.end_step()
         wall = time.perf_counter() - t_step
-        st.advance(P, len(prompt_ids), ro.tokens, wall, skipped, skipped > 0)
+        st.advance(P, len(prompt_ids), ro.tokens, wall, skipped)
         row = {"step": st.c.step, "samples": st.c.samples, "prompts": st.c.prompts,
                "tokens": st.c.tokens, "train_s": st.c.train_s}
         named = ("rollout", "reward", "actor_update", "critic_values", "critic_update",
@@ -316,12 +299,12 @@ class Trainer:
     def _ppo_critic(self, batch, rewards, samples_before: int,
                     samples_after: int) -> tuple[torch.Tensor, dict]:
         """Values, GAE advantages and, on the steps its cadence picks, the critic's update.
-        Returns (advantages (N, T), stats)."""
+        Returns (advantages (N, L), stats)."""
         cfg, timer = self.cfg, self.timer
         c = cfg.critic
         mask = batch.response_mask
         with timer.phase("critic_values"), torch.no_grad():
-            values = by_micro_batches(self.critic, batch, cfg.micro_batch_sequences) * mask  # (N, T)
+            values = by_micro_batches(self.critic, batch, cfg.micro_batch_sequences) * mask  # (N, L)
         with timer.phase("other"):
             token_r = outcome_token_rewards(rewards, mask)
             adv, returns = gae(token_r, values, mask, cfg.loss.gamma, cfg.loss.lam)

@@ -58,95 +58,102 @@ def require_trl() -> None:
                           "(the trl backend is written against TRL 1.16)")
 
 
+class _PhaseTiming:
+    """The timing half of `TimedGRPOTrainer`, mixed in before `GRPOTrainer` (which is imported
+    lazily, so the subclass is built in `timed_trainer_class`); `super()` is GRPOTrainer."""
+
+    def init_timing(self, schedule: Callable[[int], float], sync: Callable | None) -> None:
+        self.phase_s: dict[str, float] = {}
+        self._schedule = schedule
+        self._sync = sync or (lambda: None)
+        self._last_micro_end: float | None = None
+        self._in_scoring = False
+        self._prep_s = self._rollout_s = 0.0
+
+    def _now(self) -> float:
+        self._sync()  # device sync at phase boundaries (docs/design.md, house rule 6)
+        return time.perf_counter()
+
+    def _add(self, name: str, seconds: float) -> None:
+        self.phase_s[name] = self.phase_s.get(name, 0.0) + seconds
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        from torch.optim.lr_scheduler import LambdaLR
+
+        if self.lr_scheduler is None:
+            self.lr_scheduler = LambdaLR(optimizer or self.optimizer, self._schedule)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        self._prep_s = 0.0
+        t0 = self._now()
+        out = super().training_step(model, inputs, num_items_in_batch)
+        self._last_micro_end = self._now()
+        self._add("actor_update", self._last_micro_end - t0 - self._prep_s)
+        return out
+
+    def _prepare_inputs(self, generation_batch):
+        t0 = self._now()
+        try:
+            return super()._prepare_inputs(generation_batch)
+        finally:
+            self._prep_s += self._now() - t0
+
+    def _generate_and_score_completions(self, inputs):
+        self._in_scoring = True
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            self._in_scoring = False
+
+    def _generate(self, prompts):
+        t0 = self._now()
+        self._rollout_s = 0.0
+        try:
+            return super()._generate(prompts)
+        finally:  # decoding to text and TRL's length metrics count as reward time
+            self._add("reward", self._now() - t0 - self._rollout_s)
+
+    def _timed_rollout(self, fn, *args, **kwargs):
+        t0 = self._now()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            dt = self._now() - t0
+            self._add("rollout", dt)
+            self._rollout_s += dt
+
+    def _tokenize_prompts(self, prompts):
+        return self._timed_rollout(super()._tokenize_prompts, prompts)
+
+    def _generate_single_turn(self, *args, **kwargs):
+        return self._timed_rollout(super()._generate_single_turn, *args, **kwargs)
+
+    def _calculate_rewards(self, *args, **kwargs):
+        t0 = self._now()
+        try:
+            return super()._calculate_rewards(*args, **kwargs)
+        finally:
+            self._add("reward", self._now() - t0)
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        ref = self._in_scoring and self.ref_model is not None and model is self.ref_model
+        t0 = self._now() if ref else 0.0
+        try:
+            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        finally:
+            if ref:
+                self._add("reference", self._now() - t0)
+
+
 def timed_trainer_class():
     """GRPOTrainer subclass that times the phases (module docstring) into `self.phase_s` and
     steps the LR by `schedule` (0-based optimizer step -> factor of the base LR)."""
     from trl import GRPOTrainer
 
-    class TimedGRPOTrainer(GRPOTrainer):
-        def _init_timing(self, schedule: Callable[[int], float], sync: Callable | None) -> None:
-            self.phase_s: dict[str, float] = {}
-            self._schedule = schedule
-            self._sync = sync or (lambda: None)
-            self._last_micro_end: float | None = None
-            self._in_scoring = False
-            self._prep_s = self._rollout_s = 0.0
-
-        def _now(self) -> float:
-            self._sync()  # device sync at phase boundaries (docs/design.md, house rule 6)
-            return time.perf_counter()
-
-        def _add(self, name: str, seconds: float) -> None:
-            self.phase_s[name] = self.phase_s.get(name, 0.0) + seconds
-
-        def create_scheduler(self, num_training_steps, optimizer=None):
-            from torch.optim.lr_scheduler import LambdaLR
-
-            if self.lr_scheduler is None:
-                self.lr_scheduler = LambdaLR(optimizer or self.optimizer, self._schedule)
-                self._created_lr_scheduler = True
-            return self.lr_scheduler
-
-        def training_step(self, model, inputs, num_items_in_batch):
-            self._prep_s = 0.0
-            t0 = self._now()
-            out = super().training_step(model, inputs, num_items_in_batch)
-            self._last_micro_end = self._now()
-            self._add("actor_update", self._last_micro_end - t0 - self._prep_s)
-            return out
-
-        def _prepare_inputs(self, generation_batch):
-            t0 = self._now()
-            try:
-                return super()._prepare_inputs(generation_batch)
-            finally:
-                self._prep_s += self._now() - t0
-
-        def _generate_and_score_completions(self, inputs):
-            self._in_scoring = True
-            try:
-                return super()._generate_and_score_completions(inputs)
-            finally:
-                self._in_scoring = False
-
-        def _generate(self, prompts):
-            t0 = self._now()
-            self._rollout_s = 0.0
-            try:
-                return super()._generate(prompts)
-            finally:  # decoding to text and TRL's length metrics count as reward time
-                self._add("reward", self._now() - t0 - self._rollout_s)
-
-        def _timed_rollout(self, fn, *args, **kwargs):
-            t0 = self._now()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                dt = self._now() - t0
-                self._add("rollout", dt)
-                self._rollout_s += dt
-
-        def _tokenize_prompts(self, prompts):
-            return self._timed_rollout(super()._tokenize_prompts, prompts)
-
-        def _generate_single_turn(self, *args, **kwargs):
-            return self._timed_rollout(super()._generate_single_turn, *args, **kwargs)
-
-        def _calculate_rewards(self, *args, **kwargs):
-            t0 = self._now()
-            try:
-                return super()._calculate_rewards(*args, **kwargs)
-            finally:
-                self._add("reward", self._now() - t0)
-
-        def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-            ref = self._in_scoring and self.ref_model is not None and model is self.ref_model
-            t0 = self._now() if ref else 0.0
-            try:
-                return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-            finally:
-                if ref:
-                    self._add("reference", self._now() - t0)
+    class TimedGRPOTrainer(_PhaseTiming, GRPOTrainer):
+        pass
 
     return TimedGRPOTrainer
 

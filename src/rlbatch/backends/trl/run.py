@@ -1,8 +1,8 @@
 """The TRL backend's driver: the run directory and its TRL checkpoints, `TRLRun` (one
 training run: TRL builds and drives the loop, the run-log callback calls back into
 `end_step`, which writes the `steps.jsonl` row, evaluates at the sample marks and decides
-whether to stop or checkpoint), and `train_trl` (package docstring: the backend as a whole
-and its deviations from the built-in trainer).
+whether to stop or checkpoint), and `train_trl` (package docstring: the backend as a whole;
+its deviations from the built-in trainer: docs/design.md, "Module notes").
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class TRLRun:
         require_trl()
         check_trl_config(cfg)
         from rlbatch.backends.builtin.trainer import pick_device
-        from rlbatch.rollout.datasets import build_task
+        from rlbatch.rollout.datasets import build_task, check_eval_prompts
         from rlbatch.rollout.models import resolve_model_path
 
         self.cfg = cfg
@@ -86,6 +86,7 @@ class TRLRun:
         from rlbatch.rollout.prompt_lengths import check_prompt_lengths
 
         check_prompt_lengths(self.task, self.model_path, cfg.rollout.max_new_tokens)
+        check_eval_prompts(self.task, cfg.eval.prompts, cfg.task.eval_path or cfg.task.path)
         self.state: RunState = open_trl_run(cfg, resume=resume, fresh=fresh)
         self.trainer = None
         if self.state.finished:
@@ -130,7 +131,7 @@ class TRLRun:
         self.trainer = cls(model=model, reward_funcs=[self.reward], args=args,
                            train_dataset=dataset, processing_class=tok,
                            callbacks=[run_log_callback_class()(self)])
-        self.trainer._init_timing(schedule, cuda_sync_or_none(self.device))
+        self.trainer.init_timing(schedule, cuda_sync_or_none(self.device))
         for quiet in (PrinterCallback, ProgressCallback):  # the rlbatch CLI shows progress
             self.trainer.remove_callback(quiet)
         engine = cfg.rollout.engine if cfg.rollout.engine in ("builtin", "hf") else "hf"
@@ -160,7 +161,7 @@ class TRLRun:
         cfg, st, tr, rw = self.cfg, self.state, self.trainer, self.reward
         P = cfg.batch.prompts_per_step
         times, tr.phase_s = tr.phase_s, {}
-        st.advance(P, len(rw.rewards), rw.tokens, wall, skipped, skipped > 0)
+        st.advance(P, len(rw.rewards), rw.tokens, wall, skipped)
         row = {"step": st.c.step, "samples": st.c.samples, "prompts": st.c.prompts,
                "tokens": st.c.tokens, "train_s": st.c.train_s}
         named = ("rollout", "reward", "actor_update", "critic_update", "reference")
@@ -188,7 +189,7 @@ class TRLRun:
         rw.reset()
         st.log_step(row)
         self.cb("step", row)
-        if st.after_step(row, self.evaluate):
+        if st.after_step(self.evaluate):
             control.should_save = True
         if st.status != "running":
             control.should_training_stop = True

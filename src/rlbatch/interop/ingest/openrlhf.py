@@ -1,32 +1,12 @@
 """OpenRLHF: TensorBoard events -> run log; a launch command in a .sh file -> `FrameworkConfig`.
 
-Log format (openrlhf/trainer/ppo_trainer.py `save_logs_and_checkpoints`, with
-`--logger.tensorboard_dir DIR`, before 0.10.2 `--use_tensorboard DIR`): after each rollout
-step the trainer writes every entry of the step's status as the scalar `train/<key>` at
-`global_step` (one global step = one rollout batch of --rollout.batch_size prompts), then
-evaluates (`eval/<key>` scalars at the same step, e.g. eval/eval_<source>_pass1) and
-checkpoints. Status keys read here (openrlhf/trainer/ray/ppo_actor.py, ppo_critic.py):
-policy_loss, actor_lr, actor_grad_norm, reward, response_length, kl, ppo_clip_ratio,
-critic_loss, critic_lr, critic_grad_norm, values; everything else (timing/*, rollout/*, ...)
-is kept as `openrlhf/<key>`.
-
-There are no phase timers in these logs, so time/* keys are left out; samples = step x P x G;
-train_s = event wall time - the first event's wall time (the SummaryWriter's file_version
-record), minus the evaluation time measured as wall(eval/*) - wall(train/*) of the same step.
-Deviation: start-up between opening the writer and the first step, and checkpoint time, stay
-in train_s (no timer separates them).
-
-Config (openrlhf/cli/train_ppo_ray.py). Releases up to 0.10.1 take flat flags; from 0.10.2
-(commit ed62d0e, 2026-04-19) the same settings are dotted and the flat spellings are
-rejected. Both are read, the style chosen by whether the script's flags are dotted:
---rollout.batch_size (--rollout_batch_size) is in prompts, --rollout.n_samples_per_prompt
-(--n_samples_per_prompt) is G, --train.batch_size (--train_batch_size) is in samples (one
-optimizer update per that many samples), --train.micro_batch_size (--micro_train_batch_size)
-is per GPU, --train.max_epochs (--max_epochs) passes over each rollout batch, the actor's LR
-is --actor.adam.lr (--actor_learning_rate; with --actor.optim muon the 2-D weights use
---actor.muon.lr instead). The LR scheduler (transformers get_scheduler through DeepSpeed,
-openrlhf/utils/deepspeed/deepspeed.py) steps once per optimizer update, with
-ceil(total updates x --actor.lr_warmup_ratio (--lr_warmup_ratio)) warm-up updates.
+Reads the `train/<key>` and `eval/<key>` scalars that OpenRLHF's PPO trainer writes once per
+rollout step (openrlhf/trainer/ppo_trainer.py `save_logs_and_checkpoints`), and the flags of
+its launch script (openrlhf/cli/train_ppo_ray.py) in both spellings: flat up to release
+0.10.1, dotted from 0.10.2. The logs have no phase timers: samples = step x P x G, and
+train_s is event wall time less evaluation time. Deviation: start-up and checkpoint time
+stay in train_s (no timer separates them). Keys, units and flags: docs/design.md,
+"Module notes".
 """
 
 from __future__ import annotations

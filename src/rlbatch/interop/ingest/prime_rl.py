@@ -1,37 +1,13 @@
 """prime-rl: metrics.jsonl -> run log; prime-rl TOML -> `FrameworkConfig`.
 
-Log format (src/prime_rl/monitors/file.py `FileMonitor.log_metrics`, prime-rl 559b447): one
-line per `log` call, `{"step": N, "time": <time.time()>, **metrics}`; several lines may share
-a step (they are merged). Under the `rl` entry point the trainer and the orchestrator write
-to the same <output_dir>/metrics.jsonl; other layouts give each its own file (the orchestrator
-under run_default/). Given a directory, every metrics.jsonl below it is read and merged by
-step, the file holding `progress/total_rollouts` being the primary one. Only the
-orchestrator's line (the one with `progress/total_rollouts`) dates a step: its `time` and
-`time/step` (the trainer logs its own `time/step`, a different duration).
-
-Orchestrator keys (src/prime_rl/orchestrator/orchestrator.py): progress/rollouts and
-progress/tasks (this step's rollouts and distinct prompts), progress/total_rollouts and
-progress/total_tasks (the totals *before* this step: they are logged before the step is
-added), progress/output_tokens (this step's generated tokens, of the shipped subset),
-time/step; the reward of the step's rollouts is `train/agg/all/<agent>/reward/mean`
-(orchestrator/metrics.py; `effective` instead of `all` is the shipped subset). Trainer keys
-(src/prime_rl/trainer/rl/train.py): optim/lr, optim/grad_norm, loss/mean, entropy/all/mean.
-`eval/*` keys become evaluation rows (e.g. eval/<env>/all/<agent>/avg@<k>).
-
-Conversion: samples = progress/total_rollouts + progress/rollouts (step x batch_size when
-absent and the batch size is known), prompts likewise from the task counters; reward/mean =
-the one `train/agg/all/<agent>/reward/mean` (several agents: name one with --reward-key),
-else the first of reward/mean, train/agg/reward/mean, reward/all/mean (older layouts);
-train_s = time - (first row's time - its time/step); tokens = cumulative
-progress/output_tokens. No phase timers are mapped. Deviation: prime-rl is asynchronous
-(max_async_level steps of off-policy generation), so its wall clock mixes generation of later
-steps into earlier ones; train_s is still the true elapsed time.
-
-Config (src/prime_rl/configs/orchestrator.py, trainer.py): orchestrator.batch_size counts
-rollouts (samples) per step, orchestrator.rollouts_per_example is G, trainer.optim.lr the LR;
-the trainer takes one optimizer step and one scheduler step per step
-(trainer/rl/train.py), scheduler warm-up is trainer.scheduler.warmup_steps.
-Files may be the combined rl TOML ([trainer], [orchestrator]) or the separate ones.
+Reads the `{"step", "time", **metrics}` lines of prime-rl's `FileMonitor` (prime-rl 559b447),
+merging every metrics.jsonl under a directory by step with the orchestrator's file (the one
+holding `progress/total_rollouts`) as the primary one, and the combined or separate
+trainer/orchestrator TOML files. samples, prompts and tokens come from the orchestrator's
+progress counters, the reward from `train/agg/all/<agent>/reward/mean`, train_s from the
+orchestrator's clock; no phase timers are mapped. Deviation: prime-rl is asynchronous, so a
+step's wall clock holds generation of later steps (train_s is still the true elapsed time).
+Keys, conversion and config fields: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -52,15 +28,16 @@ from rlbatch.interop.ingest.logs import extras, map_metrics, merge_steps, num, r
 from rlbatch.interop.ingest.writer import MAX_STEP, Converted, finite_values, is_step
 
 BATCH = ("orchestrator.batch_size", "batch_size")
-GROUP = ("orchestrator.rollouts_per_example", "rollouts_per_example")
+GROUP = ("orchestrator.group_size", "group_size", "orchestrator.rollouts_per_example",
+         "rollouts_per_example")  # older prime-rl: rollouts_per_example
 LR = ("trainer.optim.lr", "optim.lr")
 WARMUP = ("trainer.scheduler.warmup_steps", "scheduler.warmup_steps")
 SCHED = ("trainer.scheduler.type", "scheduler.type")
 MAX_STEPS = ("max_steps", "trainer.max_steps", "orchestrator.max_steps")
 SEED = ("orchestrator.seed", "seed")
-# defaults of src/prime_rl/configs (orchestrator batch_size 128, rollouts_per_example 8,
-# optim lr 1e-6, constant scheduler)
-DEFAULTS = {BATCH[0]: 128, GROUP[0]: 8, LR[0]: 1e-6}
+# defaults of src/prime_rl/configs (orchestrator batch_size 128, group_size 1, optim lr 1e-6,
+# constant scheduler)
+DEFAULTS = {BATCH[0]: 128, GROUP[0]: 1, LR[0]: 1e-6}
 
 OLD_REWARD_KEYS = ("reward/mean", "train/agg/reward/mean", "reward/all/mean")
 AGENT_REWARD = re.compile(r"^train/agg/all/([^/]+)/reward/mean$")
@@ -89,7 +66,7 @@ def read_config(path: Path) -> FrameworkConfig:
     s = Settings(values, DEFAULTS, str(path))
     batch, g = s.get(BATCH[0], as_int), s.get(GROUP[0], as_int)
     if batch % g:
-        raise ConfigError(f"batch_size {batch} is not a multiple of rollouts_per_example {g}",
+        raise ConfigError(f"batch_size {batch} is not a multiple of group_size {g}",
                           where=str(path))
     sched = s.get(SCHED[0]) or "constant"
     warmup = s.get(WARMUP[0], as_int)

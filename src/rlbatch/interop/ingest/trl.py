@@ -1,31 +1,12 @@
 """TRL GRPO: trainer_state.json or TensorBoard events -> run log; a GRPOConfig -> `FrameworkConfig`.
 
-Units (trl/trainer/grpo_config.py, transformers TrainingArguments): per_device_train_batch_size
-counts completions per process per micro-step; one generation batch holds
-per_device_train_batch_size x num_processes x steps_per_generation completions
-(steps_per_generation defaults to gradient_accumulation_steps; generation_batch_size is the
-alternative spelling), i.e. P = that / num_generations prompts of G = num_generations; the
-batch is reused num_iterations times, and the optimizer steps every
-gradient_accumulation_steps micro-steps, so one generation spans
-K = steps_per_generation x num_iterations / gradient_accumulation_steps optimizer steps.
-The LR scheduler steps once per optimizer step; warmup_steps counts optimizer steps (a value
-below 1 is a ratio of all steps in transformers >= 5; older versions: warmup_ratio).
-
-Logs: `Trainer.log` appends every logged dict, plus "step" (= global_step, optimizer steps)
-and "epoch", to `state.log_history`, saved as trainer_state.json in each checkpoint; the
-TensorBoard callback writes the same values as `train/<key>` and `eval/<key>` (rewrite_logs)
-at global_step. GRPO's keys (trl/trainer/grpo_trainer.py): reward, reward_std, loss,
-learning_rate, grad_norm, kl, entropy, clip_ratio/region_mean, completions/mean_length,
-frac_reward_zero_std, num_tokens (prompt + completion tokens seen). Evaluation entries carry
-eval_* keys and eval_runtime.
-
-Conversion: rollout step r = ceil(global_step / K), samples = r x P x G; the last logged row
-of each rollout step is kept. train_s: trainer_state.json rows carry train_runtime (seconds
-since training started) only when include_num_input_tokens_seen is on; then train_s =
-train_runtime - evaluation seconds so far. Otherwise the final entry's train_runtime is spread
-uniformly over global steps (an estimate, warned). TensorBoard: event wall time - first event
-(the writer opens at on_train_begin) - evaluation seconds so far (eval/runtime).
-tokens = cumulative completions/mean_length x new samples (num_tokens includes prompts).
+One TRL generation batch holds P x G completions and spans K optimizer steps
+(K = steps_per_generation x num_iterations / gradient_accumulation_steps), while TRL logs
+per optimizer step (`global_step`). The conversion maps rollout step r = ceil(global_step / K)
+and samples = r x P x G, keeping the last logged row of each rollout step. train_s is TRL's
+train_runtime less evaluation time where rows carry it, else an estimate spread over steps
+(warned); from TensorBoard events, wall time less evaluation time. Units, keys and the
+train_s cases: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations

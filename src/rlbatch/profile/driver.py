@@ -1,0 +1,252 @@
+"""What both profile strategies share: the profile directory and its set-up, the journal, the
+driver that runs trials on an executor and asks them to stop, each trial's status, the
+decode sweep, the analysis of the profile's own trials and the profiling cost.
+
+`procedure.py` (the grid strategy) and `probing.py` (the probe strategy) are built from these
+pieces. A trial is asked to stop through the STOP protocol of `core/runlog.py` (a `STOP` file
+in its run directory holding the reason); run statuses and stop codes are the run log's
+(`core/runlog.py`, `backends/builtin/runstate.py`). docs/design.md, "Align, then accelerate".
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from rlbatch.analysis.analyze import analyze
+from rlbatch.analysis.crossing import Target
+from rlbatch.core.config import Config
+from rlbatch.core.errors import EXIT_DIVERGED, UserError, sanitize
+from rlbatch.core.ownership import own
+from rlbatch.core.runlog import (
+    FINISHED,
+    STOP_FILE,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    ended_for_good,
+    make_dir,
+    read_json,
+    read_jsonl,
+)
+from rlbatch.profile.trials import Trial, baseline_prompts
+
+Progress = Callable[[list[dict]], None]
+Stopper = Callable[[dict], "str | None"]
+
+
+class Journal:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def log(self, event: str, **fields) -> None:
+        row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": event, **fields}
+        append_jsonl(self.path, row)
+
+    def events(self) -> list[dict]:
+        return read_jsonl(self.path)[0]
+
+
+def trial_status(trial: Trial) -> dict:
+    d = trial.run_dir()
+    summary = read_json(d / "summary.json")
+    steps = read_jsonl(d / "steps.jsonl")[0]
+    evals = read_jsonl(d / "evals.jsonl")[0]
+    last = steps[-1] if steps else {}
+    metric = trial.config.target.metric
+    return {"trial": trial.name, "kind": trial.kind, "B": trial.sequences_per_step,
+            "lr": trial.config.actor_lr, "seed": trial.seed,
+            "samples": last.get("samples", 0), "train_s": last.get("train_s", 0.0),
+            "metric": evals[-1].get(metric) if evals else None,
+            "status": summary.get("status", "pending"), "target": summary.get("target") or {},
+            "stop_reason": summary.get("stop_reason"), "stop_code": summary.get("stop_code"),
+            "failure": summary.get("failure"), "run_dir": str(d)}
+
+
+def trial_ended(trial: Trial) -> bool:
+    """Ended for good. A `stopped` trial whose STOP file was removed is not: its process
+    continues it (a probe being extended, profile/probing.py)."""
+    return ended_for_good(trial.run_dir(), trial_status(trial)["status"])
+
+
+class Driver:
+    """Runs a list of trials on an executor, watching them for progress and early stops."""
+
+    def __init__(self, cfg: Config, out: Path, executor, journal: Journal,
+                 progress: Progress | None, poll_s: float = 0.5):
+        self.cfg, self.out, self.ex, self.journal = cfg, out, executor, journal
+        self.progress = progress or (lambda rows: None)
+        self.poll_s = poll_s
+        self.all: list[Trial] = []
+
+    def run(self, trials: list[Trial], stopper: Stopper | None = None) -> None:
+        for t in trials:
+            if t not in self.all:
+                self.all.append(t)
+        pending = []
+        for t in trials:  # a failed trial is not finished: its process resumes it
+            if trial_ended(t):
+                self.journal.log("skipped_finished", trial=t.name, run_dir=str(t.run_dir()))
+            else:
+                pending.append(t)
+        by_name = {t.name: t for t in trials}
+        while pending or self.ex.running():
+            while pending and self.ex.capacity() > 0:
+                self._submit(pending.pop(0))
+            for fin in self.ex.poll():
+                st = trial_status(by_name[fin.name])
+                self.journal.log("finished", trial=fin.name, returncode=fin.returncode,
+                                 status=st["status"], stop_reason=st["stop_reason"],
+                                 failure=st["failure"])
+                diverged = fin.returncode == EXIT_DIVERGED and st["status"] == "diverged"
+                if fin.returncode != 0 and not diverged:  # a diverged trial is a result
+                    said = st["failure"] if st["status"] == "failed" else last_error(fin.log)
+                    why = f": {said}" if said else ""
+                    raise UserError(f"trial {fin.name} failed (exit {fin.returncode}{why}); "
+                                    f"see {fin.log}; re-run the profile to resume it")
+                if st["status"] not in FINISHED:
+                    raise UserError(f"trial {fin.name} ended but {st['run_dir']} is not a "
+                                    f"finished run (status {st['status']}); see {fin.log}")
+            for name in self.ex.running():
+                st = trial_status(by_name[name])
+                reason = stopper(st) if stopper else None
+                stop = Path(st["run_dir"]) / STOP_FILE
+                if reason and not stop.exists():
+                    atomic_write_text(stop, reason)
+                    self.journal.log("stop_requested", trial=name, reason=reason)
+            self.progress([trial_status(t) for t in self.all])
+            time.sleep(self.poll_s)
+        self.progress([trial_status(t) for t in self.all])
+
+    def _submit(self, t: Trial) -> None:
+        cfg_path = self.out / "trials" / f"{t.name}.yaml"
+        atomic_write_text(cfg_path, yaml.safe_dump(t.config.resolved_dict(), sort_keys=False))
+        log = self.out / "logs" / f"{t.name}.log"
+        self.ex.submit(t.name, cfg_path, log)
+        self.journal.log("started", trial=t.name, run_dir=str(t.run_dir()))
+
+
+def last_error(log: Path) -> str | None:
+    """The last `error: ...` line of a trial's log (a trial refused before it ran, e.g. its
+    run directory owned by a hand-started `rlbatch train`), sanitized; None if there is none."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()[-50:]
+    except OSError:
+        return None
+    errors = [x for x in lines if x.startswith("error: ")]
+    return sanitize(errors[-1][len("error: "):])[:500] if errors else None
+
+
+def open_profile_dir(out: str | Path) -> Path:
+    """The profile directory with its subfolders, owned by this process for its life
+    (core/ownership.py): a second `rlbatch profile` on it is refused in one line, exit 2.
+    Each trial's run directory is owned by its own `rlbatch train` process."""
+    out = make_dir(out)
+    own(out, "profile directory")
+    for sub in ("runs", "trials", "logs"):
+        make_dir(out / sub)
+    return out
+
+
+@dataclass
+class Session:
+    """A profile under way: its directory, journal, decode sweep (`chosen` is C) and driver."""
+
+    out: Path
+    journal: Journal
+    decode: dict
+    driver: Driver
+
+    @property
+    def concurrency(self) -> int:
+        return self.decode["chosen"]
+
+
+def start_profile(cfg: Config, out: str | Path, executor, progress: Progress | None,
+                  poll_s: float, **started) -> Session:
+    """Set-up shared by both strategies: own the directory, open the journal (its
+    `profile_started` event carries `started`), run or reuse the decode sweep over every
+    batch the profile may run, and make the driver."""
+    out = open_profile_dir(out)
+    journal = Journal(out / "journal.jsonl")
+    journal.log("profile_started", config=cfg.name, **started)
+    p0 = baseline_prompts(cfg)
+    b_max = max([p0 * 2] + list(cfg.profile.prompts_per_step)) * cfg.batch.samples_per_prompt
+    decode = choose_concurrency(cfg, out, journal, b_max)
+    return Session(out, journal, decode, Driver(cfg, out, executor, journal, progress, poll_s))
+
+
+def choose_concurrency(cfg: Config, out: Path, journal: Journal, batch_max: int) -> dict:
+    """Decode sweep on the model, cached in decode.json; returns the sweep and chosen C."""
+    wanted = sorted(c for c in cfg.profile.concurrency if c <= batch_max) or [batch_max]
+    path = out / "decode.json"
+    key = {"model": cfg.model, "task": cfg.task.name, "digits": cfg.task.digits,
+           "new_tokens": cfg.rollout.max_new_tokens, "concurrency": wanted}
+    cached = read_json(path)
+    if cached.get("key") == key:
+        return cached
+    if not cfg.profile.concurrency:
+        doc = {"key": key, "chosen": cfg.rollout.generation_concurrency, "sweep": None,
+               "seconds": 0.0}
+    else:
+        doc = _sweep(cfg, key, wanted)
+    atomic_write_json(path, doc)
+    journal.log("decode_sweep", chosen=doc["chosen"], seconds=doc["seconds"])
+    return doc
+
+
+def _sweep(cfg: Config, key: dict, wanted: list[int]) -> dict:
+    from rlbatch.rollout.datasets import build_task
+    from rlbatch.rollout.decode_bench import BenchSpec, run_decode_bench
+    from rlbatch.rollout.models import load_model_and_tokenizer, resolve_model_path
+    from rlbatch.rollout.prompt_lengths import check_prompt_lengths
+
+    path = resolve_model_path(cfg.model, cfg.task.name, cfg.task.digits)
+    check_prompt_lengths(build_task(cfg.task), path, cfg.rollout.max_new_tokens)
+    _, tok = load_model_and_tokenizer(path)
+    from rlbatch.rollout.models import encode_prompt
+    prompt_tokens = len(encode_prompt(tok, build_task(cfg.task).eval_set(1)[0]))
+    t0 = time.perf_counter()
+    spec = BenchSpec(concurrency=tuple(wanted), prompt_tokens=prompt_tokens,
+                     new_tokens=cfg.rollout.max_new_tokens, reps=3)
+    result = run_decode_bench(str(path), cfg.rollout.engine if cfg.rollout.engine != "vllm"
+                              else "builtin", spec)
+    chosen = result.get("plateau_concurrency") or cfg.rollout.generation_concurrency
+    return {"key": key, "chosen": chosen, "sweep": result, "seconds": time.perf_counter() - t0}
+
+
+def target_of(cfg: Config) -> Target:
+    return Target(cfg.target.metric, cfg.target.value, gain=cfg.target.gain)
+
+
+def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial]) -> dict:
+    """The analysis of this profile's own trials: runs that earlier attempts with other
+    settings left in the same folder are not part of its decision."""
+    dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()]
+    return analyze(dirs, target_of(cfg), reference_run=str(reference.run_dir()),
+                   margin=cfg.profile.margin, statistic=cfg.profile.statistic)
+
+
+def baseline_times(trials: list[dict]) -> list[float]:
+    """The times to target of the baseline's runs that reached it (trial status rows)."""
+    return [t["target"]["train_s"] for t in trials
+            if t["kind"] == "baseline" and t["target"].get("reached")
+            and t["target"].get("train_s") is not None]
+
+
+def profile_cost(trials: list[dict], decode: dict, result: dict | None) -> dict:
+    """Training seconds of every trial (and the decode sweep), as a multiple of one baseline
+    run's time to target (the median of `baseline_times`)."""
+    train = sum(read_json(Path(t["run_dir"]) / "summary.json").get("train_s") or 0.0
+                for t in trials)
+    times = baseline_times(trials)
+    base_t = statistics.median(times) if times else None
+    total = train + (decode.get("seconds") or 0.0)
+    return {"trial_train_s": train, "decode_sweep_s": decode.get("seconds") or 0.0,
+            "total_s": total, "baseline_time_to_target_s": base_t,
+            "multiple_of_baseline_time_to_target": total / base_t if base_t else None}
