@@ -8,7 +8,9 @@ margin (log ratio 1.0) keeps two seeds' noise from calling the curves departed. 
 about the procedure, not this workload. What it assumes of the arithmetic is what
 tests/test_profile.py assumes (one AdamW step at eta0 does not raise accuracy by 0.12, and
 each configuration gains 0.12 within the budget); the baseline's probe seed may meet the
-target inside its probe, and then ends `target_reached` instead of stopped."""
+target inside its probe, and then ends `target_reached` instead of stopped. The profile's
+spending limit is off (`profile.probe_budget: null`): it counts training seconds, which the
+machine's load moves, and its cuts are tested in tests/test_profile_rules.py."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ PROBE = ["--strategy", "probe", "--batches", "64", "--concurrency", "64",
          "--set", "eval.every_samples=128", "--set", "profile.min_evaluations=2",
          "--set", "profile.fixed_lr_control=false",
          "--set", "profile.margin=1.0", "--set", "rollout.simulated_latency_s=2.0",
-         "--set", "budget.max_samples=32768", "--set", "profile.probe_fraction=0.4"]
+         "--set", "budget.max_samples=32768", "--set", "profile.probe_fraction=0.4",
+         "--set", "profile.probe_budget=null"]
 
 
 def _cmd(out: Path) -> list[str]:
