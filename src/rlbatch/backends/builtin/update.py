@@ -52,18 +52,22 @@ class NoiseProbe:
 
     ordered = False
 
-    def __init__(self, params: list[torch.nn.Parameter]):
+    def __init__(self, params: list[torch.nn.Parameter], normalizer: float = 1.0):
         self.params = params
+        self.normalizer = normalizer  # N, the minibatch's valid tokens
         self.accumulated: torch.Tensor | None = None  # flat gradient so far (None: all zero)
         self.micro_grad_sq: list[float] = []  # |g_i|^2 per micro-batch
         self.micro_sequences: list[int] = []  # b_i per micro-batch
         self.seconds = 0.0
 
     @staticmethod
-    def watch(noise: NoiseScaleEMA | None, params, sequences: int, micro: int):
+    def watch(noise: NoiseScaleEMA | None, params, sequences: int, micro: int,
+              normalizer: float):
         """A probe for this minibatch when the noise scale is measured and the minibatch has
         at least 2 micro-batches; otherwise the no-op `NO_PROBE`."""
-        return NoiseProbe(params) if noise is not None and sequences > micro else NO_PROBE
+        if noise is None or sequences <= micro:
+            return NO_PROBE
+        return NoiseProbe(params, normalizer)
 
     def _flat_grad(self) -> torch.Tensor:
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
@@ -80,6 +84,11 @@ class NoiseProbe:
         self.micro_sequences.append(int(sequences))
         self.accumulated = flat
         self.seconds += time.perf_counter() - t0
+
+    def after_rows(self, response_mask: torch.Tensor, rows: torch.Tensor) -> None:
+        """`after_micro` for the micro-batch of `rows` (skipped rows included), its token
+        share counted from `response_mask` (N, L); counted only while probing."""
+        self.after_micro(float(response_mask[rows].sum()) / self.normalizer, len(rows))
 
     def reading(self) -> tuple[float, float, float]:
         """(|G_small|^2, |G_big|^2, b_small = b_eff); NaN norms when nothing was recorded."""
@@ -102,7 +111,7 @@ class _NoProbe:
 
     ordered = True
 
-    def after_micro(self, token_share: float, sequences: int) -> None:
+    def after_rows(self, response_mask: torch.Tensor, rows: torch.Tensor) -> None:
         pass
 
     def end_minibatch(self, noise, sequences: int, res: UpdateResult) -> None:
@@ -217,7 +226,7 @@ def actor_update(model, optimizer, batch: SeqBatch, old_logp: torch.Tensor,
         for m, idx in enumerate(minibatch_indices(len(batch), minibatches, generator)):
             set_lr(optimizer, lrs, epoch * minibatches + m)
             normalizer = float(batch.response_mask[idx].sum())  # the minibatch's tokens
-            probe = NoiseProbe.watch(noise, params, len(idx), micro)
+            probe = NoiseProbe.watch(noise, params, len(idx), micro, normalizer)
             sums = ActorSums()
             for chunk in micro_batches(idx, lengths, micro, by_length=probe.ordered):
                 live = chunk[~skip[chunk]]
@@ -228,8 +237,7 @@ def actor_update(model, optimizer, batch: SeqBatch, old_logp: torch.Tensor,
                                             temperature, clip_low, clip_high, kl_coef)
                     loss.backward()
                     sums.add(part)
-                probe.after_micro(float(batch.response_mask[chunk].sum()) / normalizer,
-                                  len(chunk))
+                probe.after_rows(batch.response_mask, chunk)
             if bool(skip[idx].all()):
                 zero_fill(params)
             probe.end_minibatch(noise, len(idx), res)
@@ -288,7 +296,7 @@ def critic_update(critic, optimizer, batch: SeqBatch, old_values: torch.Tensor,
         for m, idx in enumerate(minibatch_indices(len(batch), minibatches, generator)):
             set_lr(optimizer, lrs, epoch * minibatches + m)
             normalizer = float(batch.response_mask[idx].sum())
-            probe = NoiseProbe.watch(noise, params, len(idx), micro)
+            probe = NoiseProbe.watch(noise, params, len(idx), micro, normalizer)
             loss_sum = 0.0
             for chunk in micro_batches(idx, lengths, micro, by_length=probe.ordered):
                 b = batch.rows(chunk).trimmed()
@@ -296,7 +304,7 @@ def critic_update(critic, optimizer, batch: SeqBatch, old_values: torch.Tensor,
                                    value_clip)
                 loss.backward()
                 loss_sum += float(loss.detach())
-                probe.after_micro(float(b.response_mask.sum()) / normalizer, len(chunk))
+                probe.after_rows(batch.response_mask, chunk)
             probe.end_minibatch(noise, len(idx), res)
             grad_norm = clip(params, max_grad_norm)
             if step_or_skip(optimizer, loss_sum, grad_norm, res):
