@@ -17,6 +17,7 @@ BENCHES = [
     [sys.executable, "-m", "rlbatch.cli.main", "decode-bench", "--model", "tiny",
      "--concurrency", "1,2,4,8,16,32,64,128,256,512", "--prompt-tokens", "9",
      "--new-tokens", "32"],
+    [sys.executable, str(HERE / "ingest_memory.py")],
 ]
 
 

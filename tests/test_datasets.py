@@ -125,7 +125,7 @@ def test_cli_bad_options_exit_2(tmp_path, capsys, argv, message):
 
 
 def test_missing_file_and_unknown_extension(tmp_path):
-    with pytest.raises(DataError, match=r"nope\.jsonl: no such file"):
+    with pytest.raises(DataError, match=r"nope\.jsonl: file not found"):
         load_rows(str(tmp_path / "nope.jsonl"))
     csv = tmp_path / "d.csv"
     csv.write_text("prompt,answer\n")

@@ -38,10 +38,12 @@ from helpers.fuzzing import (
     config_text,
     damage_run,
     dataset_file,
+    list_bomb,
     mutate,
     outcome,
     replace_leaf,
     strict,
+    symlink_loop,
     weird_event,
     whole_ends,
     workdir,
@@ -97,6 +99,31 @@ def test_fuzz_damaged_config_files(data, tmp_path):
     path = workdir(tmp_path) / f"{name}.yaml"
     path.write_bytes(damaged)
     check_config(path)
+
+
+# the list settings, a number setting given a list, and a key that does not exist
+LIST_KEYS = ["profile.concurrency", "profile.prompts_per_step", "profile.seeds", "seed",
+             "made_up.key"]
+
+
+@fuzz(12)
+@given(key=st.sampled_from(LIST_KEYS), n=st.sampled_from([65, 5000, 60_000, 400_000]),
+       depth=st.sampled_from([1, 1, 2, 6]), given_as=st.sampled_from(["file", "--set"]))
+def test_fuzz_list_bombs(key, n, depth, given_as, tmp_path):
+    """A list far longer than any setting takes (`MAX_LIST`), nested, up to a config beyond
+    its size limit, in a config file or a `--set`: refused in one line, in seconds."""
+    work = workdir(tmp_path)
+    bomb = list_bomb(n, depth)
+    path = work / "c.yaml"
+    if given_as == "file":
+        section, _, name = key.rpartition(".")
+        body = f"{section}:\n  {name}: {bomb}\n" if section else f"{name}: {bomb}\n"
+        path.write_text("extends: grpo-tiny\n" + body)
+        check_config(path)
+        return
+    path.write_text("extends: grpo-tiny\n")
+    code, _, err = cli(["config", "show", str(path), "--set", f"{key}={bomb}", "--json"])
+    outcome(code, err, path, "--set")
 
 
 # ---------------------------------------------------------------- (b) dataset files
@@ -159,6 +186,11 @@ def damage_log(data, path: Path) -> int | None:
     (truncation off a record boundary) is told apart by the caller."""
     raw, tb = path.read_bytes(), "tfevents" in path.name
     junk_at = None
+    if data.draw(st.integers(0, 11)) == 0:
+        event("mutation symlink loop")
+        path.unlink()
+        symlink_loop(path)
+        return None
     if tb and data.draw(st.integers(0, 3)) == 0:
         event("mutation event record")
         at = data.draw(st.sampled_from(sorted(whole_ends(raw, True) - {0})))
@@ -190,7 +222,7 @@ def test_fuzz_damaged_trainer_logs(case, data, tmp_path):
                                      if src.is_dir() else [given_path]))
     raw = path.read_bytes()
     junk_at = damage_log(data, path)
-    damaged = path.read_bytes()
+    damaged = b"" if path.is_symlink() else path.read_bytes()
     cut = raw.startswith(damaged) and len(damaged) not in whole_ends(raw, "tfevents" in path.name)
     out = work / "out"
     code, _, err = cli(["ingest", framework, str(given_path), "--out", str(out), *flags])

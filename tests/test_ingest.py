@@ -387,3 +387,47 @@ def test_verl_restart_replaces_relogged_steps_and_reward_key(tmp_path, capsys):
     assert col(run.steps, "train_s") == [10.0, 22.0, 33.0]  # counted once, not twice
     assert col(run.steps, "reward/mean") == [1.0, 1.0, 1.0]  # --reward-key critic/score/max
     assert any("restart" in w for w in summary["ingest"]["warnings"])
+
+
+def _verl_line(step: int, dt: float, length: float, val: float | None = None) -> str:
+    data = {"timing_s/step": dt, "response_length/mean": length, "critic/score/mean": 0.5}
+    if val is not None:
+        data["val-core/x/reward/mean@1"] = val
+        data["timing_s/testing"] = 0.5
+    return json.dumps({"step": step, "data": data})
+
+
+def test_verl_two_restarts_roll_back_every_counter(tmp_path, capsys):
+    # steps 1-4 (evaluations at 2 and 4), a restart from step 2, then another from step 1:
+    # each restart's rows replace the earlier ones, and train_s, tokens, evaluations and
+    # eval_s count only the rows that remain
+    lines = [_verl_line(1, 1.0, 10), _verl_line(2, 2.0, 10, 0.1), _verl_line(3, 4.0, 10),
+             _verl_line(4, 8.0, 10, 0.2),
+             _verl_line(2, 16.0, 20, 0.3), _verl_line(3, 32.0, 20),
+             _verl_line(1, 64.0, 30), _verl_line(2, 128.0, 30, 0.4)]
+    path = tmp_path / "verl.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r"
+    summary = ingest(["verl", str(path), "--out", str(out), *PG, "--lr", "1e-6"], capsys)
+    run = read_run(out)
+    assert col(run.steps, "step") == [1, 2]
+    assert col(run.steps, "train_s") == [64.0, 192.0]
+    assert col(run.steps, "tokens") == [240, 480]  # 30 tokens x 8 samples per step
+    assert [(e["step"], e["eval/x/reward/mean@1"], e["train_s"]) for e in run.evals] == \
+        [(2, 0.4, 192.0)]
+    assert summary["eval_s"] == 0.5 and summary["steps"] == 2
+    assert sum("logged again (restart)" in w for w in summary["ingest"]["warnings"]) == 2
+
+
+def test_row_spool_rewind_and_rewrite(tmp_path):
+    spool = ingest_writer.RowSpool()
+    for s in range(1, 6):
+        spool.append({"step": s, "samples": 8 * s, "x": float("nan") if s == 3 else s})
+    assert len(spool) == 5 and spool.last["step"] == 5
+    assert [r["x"] for r in spool] == [1, 2, None, 4, 5]  # non-finite stored as null
+    assert spool.rewind(4) == 2 and spool.last["step"] == 3 and len(spool) == 3
+    assert spool.rewind(9) == 0
+    spool.append({"step": 4, "samples": 40})
+    spool.rewrite(lambda r: {**r, "samples": r["samples"] + 1})
+    assert [(r["step"], r["samples"]) for r in spool] == [(1, 9), (2, 17), (3, 25), (4, 41)]
+    assert spool.rewind(1) == 4 and not spool and spool.last is None

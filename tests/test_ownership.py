@@ -419,7 +419,7 @@ def test_a_symlink_loop_as_a_dataset_is_named(tmp_path):
     with pytest.raises(DataError, match=r"c\.jsonl: a symbolic link to '.*gone\.jsonl', which "
                                         r"does not exist"):
         load_rows(str(tmp_path / "c.jsonl"))
-    with pytest.raises(DataError, match=r"d\.jsonl: no such file$"):
+    with pytest.raises(DataError, match=r"d\.jsonl: file not found$"):
         load_rows(str(tmp_path / "d.jsonl"))
 
 
@@ -433,3 +433,48 @@ def test_a_signal_ignored_at_start_stays_ignored():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=False)
     assert res.returncode == 0 and res.stdout.strip() == "True", res.stderr
+
+
+@pytest.mark.trained
+def test_a_hand_started_train_cannot_take_a_running_profile_trial(tmp_path):
+    """A profile's trial is an `rlbatch train` process that owns its run directory: a user's
+    own `rlbatch train` of the same trial config (plain, `--fresh` or `--resume`) is refused
+    in one line naming the trial's PID while the trial lives. The trial is paused (SIGSTOP)
+    meanwhile, so this holds whatever the machine's speed."""
+    out = tmp_path / "p"
+    profile = subprocess.Popen(
+        [sys.executable, "-m", "rlbatch.cli.main", "profile", "--preset", "quick", "--out",
+         str(out)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def trial_lock():
+        for lock in out.rglob(LOCK_FILE):
+            try:
+                info = json.loads(lock.read_text())
+            except (OSError, ValueError):
+                continue
+            if info.get("pid") not in (None, profile.pid):
+                return info
+        return None
+
+    trial = None
+    try:
+        info = _wait(trial_lock, profile, timeout=600, what="a trial to own its run")
+        trial = info["pid"]
+        os.kill(trial, signal.SIGSTOP)
+        assert info["command"].startswith("rlbatch train "), info
+        argv = Path(f"/proc/{trial}/cmdline").read_bytes().split(b"\0")
+        config = os.fsdecode(argv[argv.index(b"train") + 1])  # the trial's own config file
+        for extra in ([], ["--fresh"], ["--resume"]):
+            hand = subprocess.run([sys.executable, "-m", "rlbatch.cli.main", "train", config,
+                                   *extra], env=_env(), capture_output=True, text=True,
+                                  timeout=600, check=False)
+            lines = hand.stderr.strip().splitlines()
+            assert hand.returncode == 2 and len(lines) == 1, hand.stderr
+            assert f"is in use by PID {trial} on host {HOST} " in lines[0], lines
+        os.kill(trial, signal.SIGCONT)
+        assert _alive(trial) and profile.poll() is None  # both carry on
+    finally:
+        if trial is not None and _alive(trial):
+            os.kill(trial, signal.SIGCONT)
+        profile.terminate()
+        profile.communicate(timeout=120)

@@ -108,7 +108,13 @@ def workdir(tmp_path: Path) -> Path:
 # ---------------------------------------------------------------- mutations
 JUNK_LINES = [b"not json", b"{", b"[1, 2]", b"42", b'"text"', b"null", b"NaN", b"\xff\xfe\x00",
               b'{"a": 1}}', b"{'single': 1}", b"\x00\x01\x02"]
-WEIRD = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e308", "-1.7976931348623157e308",
+# terminal escape sequences and other control characters a message must not pass on raw
+ESCAPES = ["\x1b[2J\x1b[31mFAKE: all good\r", "\x1b]0;title\x07", "\x9b31m", "a\rb", "\x00",
+           "\x1b[1A\x1b[K", "\u202eevil"]
+# subnormal floats (below 2.2250738585072014e-308): they parse, and then divide into overflow
+SUBNORMALS = ["5e-324", "-5e-324", "1e-320", "2.2250738585072014e-309", "4.9406564584124654e-324"]
+WEIRD = [*SUBNORMALS, *(json.dumps(e) for e in ESCAPES),
+         "NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e308", "-1.7976931348623157e308",
          "-0.0", "0", "9" * 400, "123456789012345678901234567890", "-99999999999999999999",
          "null", "true", "false", '""', '"1.5"', '"nan"', '"\\u00e9\\u2028x"', "[]", "{}",
          "[1, 2]", '{"a": {"b": [null]}}']
@@ -235,7 +241,9 @@ YAML_VALUES = [
     "!!binary aGVsbG8=", "!!python/object/apply:os.getcwd []", "!!str 5", "!!float nan",
     "&anchor 3", "*anchor", "sqrt", "linear", "none", "grpo", "ppo", "tiny", "addition",
     "dataset", "exact", "drop", '"\\ud800"', "2020-01-01", "'it''s'", "|\n    block text",
-    "<<: {a: 1}", "[*anchor]", "? complex\n  : key"]
+    "<<: {a: 1}", "[*anchor]", "? complex\n  : key",
+    "5.0e-324", "-5.0e-324", "1.0e-320", "2.2250738585072014e-309",
+    *(json.dumps(e) for e in ESCAPES)]
 PLAUSIBLE = st.sampled_from(["1", "2", "4", "8", "16", "64", "128", "0.5", "1.0e-4", "true"])
 YAML_VALUE = st.one_of(PLAUSIBLE, PLAUSIBLE, st.sampled_from(YAML_VALUES),
                        st.integers(-10 ** 6, 10 ** 25).map(str), st.floats().map(repr), KEY)
@@ -270,8 +278,8 @@ def config_text(draw) -> str:
 
 
 # ---------------------------------------------------------------- dataset files
-TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20).filter(
-    str.strip)
+TEXT = st.one_of(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1,
+                         max_size=20), st.sampled_from(ESCAPES)).filter(str.strip)
 ANSWER = st.one_of(TEXT, st.integers(-10 ** 30, 10 ** 30),
                    st.floats(allow_nan=False, allow_infinity=False))
 BAD_LINES = [b"not json", b"{", b"\xff\xfe", b"[1, 2]", b"42", b'"row"', b"null",
@@ -338,7 +346,8 @@ def damage_run(draw, run: Path) -> Path:
     """Damage one file of `run` in place (its content, one value, emptied, removed, made a
     folder, another JSON type); return the file."""
     path = run / draw(st.sampled_from(sorted(RUN_FILES)))
-    how = draw(st.sampled_from(["content"] * 4 + ["empty", "missing", "folder", "other type"]
+    how = draw(st.sampled_from(["content"] * 4 + ["empty", "missing", "folder", "other type",
+                                                   "symlink loop"]
                                + ["document"] * (path.suffix != ".jsonl")))
     event(f"{path.name}: {how}")
     raw = path.read_bytes()
@@ -351,9 +360,24 @@ def damage_run(draw, run: Path) -> Path:
     path.unlink()
     if how == "folder":
         path.mkdir()
+    elif how == "symlink loop":
+        symlink_loop(path)
     elif how != "missing":
         path.write_bytes(b"" if how == "empty" else raw)
     return path
+
+
+def symlink_loop(path: Path) -> None:
+    """Make `path` a symbolic link to itself (opening it fails with ELOOP)."""
+    path.symlink_to(path.name)
+
+
+def list_bomb(n: int, depth: int = 1) -> str:
+    """A YAML flow list of `n` items, nested `depth` deep: `[[1, 1, ...], ...]`."""
+    text = "[" + ", ".join(["1"] * n) + "]"
+    for _ in range(depth - 1):
+        text = f"[{text}, {text}]"
+    return text
 
 
 def bad_utf8_parquet() -> bytes:

@@ -29,6 +29,19 @@ def sanitize(text: str, *, multiline: bool = False) -> str:
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in str(text))
 
 
+def missing(path: str | os.PathLike, what: str = "file") -> str:
+    """Why `path` cannot be opened, in words: `"<what> not found"`, except that a symbolic
+    link loop and a link to nothing are named as such (both read as "not found" otherwise)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link loop (too many levels of symbolic links)"
+        if os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+    return f"{what} not found"
+
+
 class UserError(Exception):
     """Bad input. The message names the field, or the file and line, in one line."""
 

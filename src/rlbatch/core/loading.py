@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlbatch.core.config import Config
-from rlbatch.core.errors import ConfigError
+from rlbatch.core.errors import ConfigError, missing
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file or one --set value; real configs are a few kB
 
@@ -138,7 +138,7 @@ def _read_config_file(path: Path, what: str, where: str | None = None) -> str:
     if path.is_dir():
         raise ConfigError(f"{what} is a directory, not a YAML file", where=where)
     if not path.exists():
-        raise ConfigError(f"{what} not found", where=where)
+        raise ConfigError(missing(path, what), where=where)
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from rlbatch.core.errors import DataError, writing
+from rlbatch.core.errors import DataError, missing, writing
 
 STEP_REQUIRED = (
     "step", "samples", "prompts", "tokens", "train_s",
@@ -381,7 +381,7 @@ def is_run_dir(path: str | Path) -> bool:
 def read_run(run_dir: str | Path) -> Run:
     d = Path(run_dir)
     if not d.is_dir():
-        raise DataError("run directory not found", where=str(d))
+        raise DataError(missing(d, "run directory"), where=str(d))
     if not is_run_dir(d):
         raise DataError("not a run directory (no steps.jsonl or evals.jsonl)", where=str(d))
     config: dict = {}
@@ -406,7 +406,7 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
     found: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
-            raise DataError("path not found", where=str(p))
+            raise DataError(missing(p, "path"), where=str(p))
         if is_run_dir(p):
             found.append(p)
             continue

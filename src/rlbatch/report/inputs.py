@@ -25,7 +25,7 @@ from pathlib import Path
 from rlbatch.analysis.analyze import analyze_frames, config_target
 from rlbatch.analysis.crossing import Target, parse_target
 from rlbatch.analysis.runs import RunFrames, load_runs
-from rlbatch.core.errors import DataError, UserError
+from rlbatch.core.errors import DataError, UserError, missing
 from rlbatch.core.runlog import is_run_dir
 
 
@@ -194,7 +194,7 @@ def _split(paths: list[str]) -> tuple[Path | None, list[str]]:
                         f"got {len(profiles)}")
     for p in paths:
         if not Path(p).exists():
-            raise DataError("path not found", where=str(p))
+            raise DataError(missing(p, "path"), where=str(p))
     return (profiles[0] if profiles else None), [p for p in paths
                                                  if not (Path(p) / "profile.json").is_file()]
 

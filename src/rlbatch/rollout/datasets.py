@@ -13,7 +13,6 @@ checks: docs/design.md, "Module notes".
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -25,7 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from rlbatch.core.config import RewardConfig, TaskConfig
-from rlbatch.core.errors import ConfigError, DataError
+from rlbatch.core.errors import ConfigError, DataError, missing
 from rlbatch.rollout.reward_runner import Call, RewardRunner
 from rlbatch.rollout.rewards import RewardFn, make_reward, reference_completion
 from rlbatch.rollout.tasks import BUILTIN_TASKS, EVAL_SEED_OFFSET, Example
@@ -203,15 +202,7 @@ def malformed_error(path: str, unit: str, errors: list[tuple[int, str]]) -> Data
 
 def _not_a_file(path: str) -> str:
     """Why `path` is not a readable file: a symlink loop and a dangling link are named."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "a symbolic link loop (too many levels of symbolic links)"
-        if os.path.islink(path):
-            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
-        return "no such file"
-    return "not a file"
+    return "not a file" if os.path.exists(path) else missing(path)
 
 
 def load_rows(path: str, fmt: str = "auto", prompt_column: str = "prompt",

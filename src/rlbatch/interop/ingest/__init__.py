@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlbatch.core.config import LR_EXPONENTS
-from rlbatch.core.errors import ConfigError
+from rlbatch.core.errors import ConfigError, missing
 from rlbatch.interop.ingest.common import FrameworkConfig, StepBatch
 from rlbatch.interop.ingest.writer import Converted, write_run
 
@@ -146,10 +146,10 @@ def build_config(res: Resolved, algorithm: str, logged_lr: float | None,
             "ingest": {"framework": res.framework}, "derived": derived}
 
 
-def max_logged(rows: list, key: str) -> float | None:
-    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))
-              and math.isfinite(r[key])]
-    return max(values) if values else None
+def max_logged(rows, key: str) -> float | None:
+    """The largest finite value of `key` over the rows (any iterable: a list, a RowSpool)."""
+    return max((r[key] for r in rows if isinstance(r.get(key), (int, float))
+                and math.isfinite(r[key])), default=None)
 
 
 def convert(framework: str, path: str | Path, opts: IngestOptions) -> Converted:
@@ -157,7 +157,7 @@ def convert(framework: str, path: str | Path, opts: IngestOptions) -> Converted:
     module = framework_module(framework)
     res = resolve(framework, opts)
     if not Path(path).exists():
-        raise ConfigError("log path not found", where=str(path))
+        raise ConfigError(missing(path, "log path"), where=str(path))
     conv = module.convert(Path(path), res)
     if res.framework_config is not None:
         conv.warnings.extend(f"{res.framework_config.source}: {n}"

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from rlbatch.core.errors import ConfigError
+from rlbatch.core.errors import ConfigError, missing
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -169,7 +169,7 @@ def load_mapping(path: Path) -> dict:
     """A TOML, YAML or JSON file as a dict; a syntax error names the file (and line)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("config file not found", where=str(path))
+        raise ConfigError(missing(path, "config file"), where=str(path))
     text = read_config_text(path)
     suffix = path.suffix.lower()
     try:
@@ -199,7 +199,7 @@ def shell_tokens(path: Path) -> list[tuple[str, int]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("file not found", where=str(path))
+        raise ConfigError(missing(path), where=str(path))
     variables: dict[str, str] = {}
     out: list[tuple[str, int]] = []
     lines = read_config_text(path).splitlines()

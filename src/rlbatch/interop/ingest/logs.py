@@ -1,10 +1,12 @@
 """Pieces shared by the framework modules of `rlbatch ingest`: the log side (each module's
 `convert`; the config side is `ingest.common`).
 
-- Readers of logged records: JSON lines with file:line errors (`read_records`), TensorBoard
+- Readers of logged records: JSON lines with file:line errors, one line at a time
+  (`RecordReader`; `read_records` for the whole file at once), TensorBoard
   event files (`read_tensorboard`, `tb_step_records`; needs the optional `tensorboard`
   package from the `trackers` extra, imported lazily).
-- Row helpers: merging the several records a framework logs for one step (`merge_steps`),
+- Row helpers: merging the several records a framework logs for one step
+  (`consecutive_steps`, streaming; `merge_steps`, a list with restarts applied),
   picking the first present source key (`first`, `map_metrics`), keeping the other numeric
   values (`extras`), numeric checks (`is_number`, `num`).
 
@@ -12,7 +14,7 @@ Deviation from a plain JSON-lines reader (`core.runlog.read_jsonl`): records kee
 numbers so that an unusable record (not an object, no step) is reported as `file:line`, and
 a logged value that is not a number (a string, true/false, a list, an object inside the
 metrics), which the converters leave out, is warned once per key and file with the first
-`file:line`, the value and the count (`non_numeric_warnings`), instead of vanishing.
+`file:line`, the value and the count (`RecordReader.warnings`), instead of vanishing.
 No torch import: ingest runs where the framework's own stack is not installed.
 """
 
@@ -27,70 +29,97 @@ from typing import Any
 
 import numpy as np
 
-from rlbatch.core.errors import DataError
+from rlbatch.core.errors import DataError, missing
 
 
 # ---------------------------------------------------------------- JSON lines
-def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
-    """(line number, object) for every non-blank line, warnings, and whether the last line
-    was cut mid-write (tolerated and reported). Any other unreadable line is a DataError
-    naming `file:line`."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found", where=str(path))
-    raw = path.read_bytes().split(b"\n")
-    complete_tail = bool(raw) and raw[-1] == b""
-    if complete_tail:
-        raw.pop()
-    records: list[tuple[int, dict]] = []
-    warnings: list[str] = []
-    truncated = False
-    for i, line in enumerate(raw, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            if i == len(raw) and not complete_tail:
-                warnings.append(f"{path}:{i}: last line is truncated (cut mid-write); ignored")
-                truncated = True
-                break
-            raise DataError(f"invalid JSON ({exc.__class__.__name__})",
-                            where=f"{path}:{i}") from None
-        if not isinstance(obj, dict):
-            raise DataError("expected a JSON object", where=f"{path}:{i}")
-        records.append((i, obj))
-    return records, warnings + non_numeric_warnings(records, path), truncated
+class RecordReader:
+    """JSON-lines records of one file, read one line at a time (memory stays flat in the
+    file's size): iterate it for (line number, object) of every non-blank line. An
+    unreadable line is a DataError naming `file:line`, except a last line cut mid-write
+    (no newline after it), which ends the file: `truncated` is set and a warning says so.
+    After the iteration, `warnings` also holds the non-number warnings (below)."""
 
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataError(missing(self.path), where=str(self.path))
+        self.truncated = False
+        self._warnings: list[str] = []
+        self._first: dict[str, tuple[int, Any]] = {}
+        self._counts: dict[str, int] = {}
 
-def non_numeric_warnings(records: list[tuple[int, dict]], path: Path) -> list[str]:
-    """One warning per key whose logged values include some that are not numbers (nor
-    null). Keys are the record's own, and those of an object one level down (verl's
-    `data`); `step` is left to the converters, which reject a bad one."""
-    first: dict[str, tuple[int, Any]] = {}
-    counts: dict[str, int] = {}
+    def __iter__(self):
+        with open(self.path, "rb") as fh:
+            for i, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                    if not line.endswith(b"\n"):
+                        self._warnings.append(f"{self.path}:{i}: last line is truncated (cut "
+                                              f"mid-write); ignored")
+                        self.truncated = True
+                        return
+                    raise DataError(f"invalid JSON ({exc.__class__.__name__})",
+                                    where=f"{self.path}:{i}") from None
+                if not isinstance(obj, dict):
+                    raise DataError("expected a JSON object", where=f"{self.path}:{i}")
+                self._note_values(i, obj)
+                yield i, obj
 
-    def note(key: str, value: Any, line: int) -> None:
-        if value is None or is_number(value):
-            return
-        first.setdefault(key, (line, value))
-        counts[key] = counts.get(key, 0) + 1
-
-    for line, obj in records:
+    def _note_values(self, line: int, obj: dict) -> None:
+        """Keys are the record's own, and those of an object one level down (verl's
+        `data`); `step` is left to the converters, which reject a bad one."""
         for key, value in obj.items():
             if key == "step":
                 continue
             if isinstance(value, dict):
                 for inner, v in value.items():
-                    note(str(inner), v, line)
+                    self._note(str(inner), v, line)
             else:
-                note(key, value, line)
-    out = []
-    for key, (line, value) in first.items():
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        out.append(f"{path}:{line}: '{key}' is {shown}, not a number; {counts[key]} such "
-                   f"value(s) of '{key}' in this file not ingested")
-    return out
+                self._note(key, value, line)
+
+    def _note(self, key: str, value: Any, line: int) -> None:
+        if value is None or is_number(value):
+            return
+        self._first.setdefault(key, (line, value))
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    @property
+    def warnings(self) -> list[str]:
+        """The truncation warning, then one per key whose logged values include some that
+        are not numbers (nor null), with the first `file:line`, the value and the count."""
+        out = list(self._warnings)
+        for key, (line, value) in self._first.items():
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            out.append(f"{self.path}:{line}: '{key}' is {shown}, not a number; "
+                       f"{self._counts[key]} such value(s) of '{key}' in this file not ingested")
+        return out
+
+
+def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
+    """Every record of a file at once (`RecordReader`): (records, warnings, truncated)."""
+    reader = RecordReader(path)
+    records = list(reader)
+    return records, reader.warnings, reader.truncated
+
+
+def consecutive_steps(items):
+    """(step, data) records -> one (step, data) per run of consecutive records of the same
+    step, merged (later keys win): frameworks log several dicts per step. Streams; a lower
+    step is passed on as it comes (a restart: `merge_steps`, `RowSpool.rewind`)."""
+    pending = None
+    for step, data in items:
+        if pending is not None and step == pending[0]:
+            pending[1].update(data)
+            continue
+        if pending is not None:
+            yield pending
+        pending = (step, dict(data))
+    if pending is not None:
+        yield pending
 
 
 def merge_steps(items: list[tuple[int, dict]], where: str) -> tuple[list[tuple[int, dict]],
@@ -103,16 +132,13 @@ def merge_steps(items: list[tuple[int, dict]], where: str) -> tuple[list[tuple[i
     """
     out: list[tuple[int, dict]] = []
     warnings: list[str] = []
-    for step, data in items:
-        if out and step == out[-1][0]:
-            out[-1][1].update(data)
-            continue
+    for step, data in consecutive_steps(items):
         if out and step < out[-1][0]:
             dropped = sum(1 for s, _ in out if s >= step)
             out = [(s, d) for s, d in out if s < step]
             warnings.append(f"{where}: step {step} logged again (restart); {dropped} earlier "
                             f"row(s) from step {step} on replaced")
-        out.append((step, dict(data)))
+        out.append((step, data))
     return out, warnings
 
 
@@ -184,7 +210,7 @@ def event_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise DataError("path not found", where=str(path))
+        raise DataError(missing(path, "path"), where=str(path))
     files = sorted(p for p in path.rglob("events.out.tfevents.*") if p.is_file())
     if not files:
         raise DataError("no TensorBoard event files (events.out.tfevents.*) found", where=str(path))

@@ -25,7 +25,10 @@ i.e. once per rollout step, so optim.lr_warmup_steps counts rollout steps.
 
 from __future__ import annotations
 
+import math
 import re
+from array import array
+from bisect import bisect_left
 from pathlib import Path
 
 from rlbatch.core.errors import ConfigError, DataError
@@ -37,10 +40,17 @@ from rlbatch.interop.ingest.common import (
     load_mapping,
     shell_tokens,
 )
-from rlbatch.interop.ingest.logs import extras, map_metrics, merge_steps, num, read_records
+from rlbatch.interop.ingest.logs import (
+    RecordReader,
+    consecutive_steps,
+    extras,
+    map_metrics,
+    num,
+)
 from rlbatch.interop.ingest.writer import (
     MAX_STEP,
     Converted,
+    RowSpool,
     finite_values,
     is_step,
     token_count,
@@ -155,17 +165,14 @@ def read_config(path: Path) -> FrameworkConfig:
 
 
 # ---------------------------------------------------------------- log
-def _items(path: Path) -> tuple[list, list, bool]:
-    records, warnings, truncated = read_records(path)
-    items = []
-    for line, obj in records:
+def _items(reader: RecordReader):
+    """(step, data) per logged line, checked and with non-finite values as null."""
+    for line, obj in reader:
         step, data = obj.get("step"), obj.get("data")
         if not is_step(step) or not isinstance(data, dict):
             raise DataError(f'expected {{"step": <int 0..{MAX_STEP}>, "data": {{...}}}} (verl '
-                            f'file logger)', where=f"{path}:{line}")
-        items.append((step, finite_values(data)))
-    merged, w = merge_steps(items, str(path))
-    return merged, warnings + w, truncated
+                            f'file logger)', where=f"{reader.path}:{line}")
+        yield step, finite_values(data)
 
 
 def _eval_metrics(data: dict) -> dict:
@@ -213,49 +220,109 @@ def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
     return row
 
 
+class VerlRows:
+    """The run-log rows of a verl log, built one merged step at a time (`feed`), so that a
+    log of any length converts in flat memory and a log still being written can be
+    followed. A step at or below one already fed is a restart from a checkpoint: the rows
+    from that step on are dropped and the cumulative counters go back to where they stood
+    (warned, as `merge_steps` does)."""
+
+    _STATE = ("train_s", "tokens", "eval_s", "ckpt_s", "enclosed")
+
+    def __init__(self, batch: tuple[int, int], algorithm: str, reward_key: str | None,
+                 where: str) -> None:
+        self.batch, self.algorithm, self.reward_key, self.where = batch, algorithm, reward_key, where
+        self.steps, self.evals = RowSpool(), RowSpool()
+        self.warnings: list[str] = []
+        self.state = self._initial()
+        self.first_step_s: float | None = None
+        self._fed = array("q")
+        self._history = {k: array("d") for k in self._STATE}
+
+    @staticmethod
+    def _initial() -> dict:
+        return {"train_s": 0.0, "tokens": 0, "eval_s": 0.0, "ckpt_s": 0.0, "enclosed": 0}
+
+    def feed(self, step: int, data: dict) -> None:
+        if self._fed and step <= self._fed[-1]:
+            self._rewind(step)
+        p, b = self.batch
+        st = self.state
+        if "timing_s/step" in data:
+            row = _step_row(step, data, (p, b), self.algorithm, st, self.reward_key, self.where)
+            if not self.steps:
+                self.first_step_s = num(data["timing_s/step"])
+            self.steps.append(row)
+            test = num(data.get("timing_s/testing")) or 0.0
+            st["eval_s"] += test
+            st["ckpt_s"] += num(data.get("timing_s/save_checkpoint")) or 0.0
+            untimed = row["time/other"] - sum(num(data.get(f"timing_s/{k}")) or 0.0
+                                              for k in ("old_log_prob", "adv"))
+            if test and untimed >= test:
+                st["enclosed"] += 1
+        ev = _eval_metrics(data)
+        if ev:
+            self.evals.append({"step": step, "samples": step * b, "train_s": st["train_s"], **ev})
+        self._fed.append(step)
+        for k in self._STATE:
+            self._history[k].append(math.nan if st[k] is None else st[k])
+
+    def _rewind(self, step: int) -> None:
+        i = bisect_left(self._fed, step)
+        dropped = len(self._fed) - i
+        del self._fed[i:]
+        for k in self._STATE:
+            del self._history[k][i:]
+        self.steps.rewind(step)
+        self.evals.rewind(step)
+        if not self.steps:
+            self.first_step_s = None
+        if i:
+            back = {k: self._history[k][i - 1] for k in self._STATE}
+            back["tokens"] = None if math.isnan(back["tokens"]) else int(back["tokens"])
+            back["enclosed"] = int(back["enclosed"])
+            self.state = back
+        else:
+            self.state = self._initial()
+        self.warnings.append(f"{self.where}: step {step} logged again (restart); {dropped} "
+                             f"earlier row(s) from step {step} on replaced")
+
+    def finish(self) -> list[str]:
+        """Warnings about the whole log; rows lose `tokens` where some step lacked it."""
+        out = []
+        if self.state["tokens"] is None:
+            self.steps.rewrite(lambda r: {k: v for k, v in r.items() if k != "tokens"})
+            out.append(f"{self.where}: response_length/mean missing on some steps; tokens "
+                       f"left out")
+        if self.state["enclosed"]:
+            out.append(f"{self.where}: on {self.state['enclosed']} step(s) timing_s/step looks "
+                       f"like it includes timing_s/testing (validation inside the step timer); "
+                       f"train_s includes that evaluation time")
+        return out
+
+
+def mentions(path: Path, key: str) -> bool:
+    """Whether any line of the file holds `"key"` (a byte scan, no parsing)."""
+    needle = f'"{key}"'.encode()
+    with open(path, "rb") as fh:
+        return any(needle in line for line in fh)
+
+
 def convert(path: Path, res) -> Converted:
     from rlbatch.interop.ingest import build_config, max_logged
 
     p, g = res.require_batch("the file logger records neither batch size nor wall clock "
                              "(samples = step x prompts x samples per prompt)")
-    merged, warnings, truncated = _items(path)
-    algorithm = res.algorithm or (
-        "ppo" if any("critic/vf_loss" in d for _, d in merged) else "grpo")
-    state = {"train_s": 0.0, "tokens": 0}
-    steps, evals = [], []
-    eval_s = ckpt_s = 0.0
-    enclosed = 0
-    for step, data in merged:
-        if "timing_s/step" in data:
-            row = _step_row(step, data, (p, p * g), algorithm, state, res.reward_key, str(path))
-            steps.append(row)
-            test, ckpt = num(data.get("timing_s/testing")) or 0.0, \
-                num(data.get("timing_s/save_checkpoint")) or 0.0
-            eval_s, ckpt_s = eval_s + test, ckpt_s + ckpt
-            untimed = row["time/other"] - sum(num(data.get(f"timing_s/{k}")) or 0.0
-                                              for k in ("old_log_prob", "adv"))
-            if test and untimed >= test:
-                enclosed += 1
-        ev = _eval_metrics(data)
-        if ev:
-            evals.append({"step": step, "samples": step * p * g, "train_s": state["train_s"], **ev})
-    if state["tokens"] is None:
-        for r in steps:
-            r.pop("tokens", None)
-        warnings.append(f"{path}: response_length/mean missing on some steps; tokens left out")
-    if enclosed:
-        warnings.append(f"{path}: on {enclosed} step(s) timing_s/step looks like it includes "
-                        f"timing_s/testing (validation inside the step timer); train_s "
-                        f"includes that evaluation time")
-    warnings_out = list(warnings)
-    config = build_config(res, algorithm, max_logged(steps, "actor/lr"), warnings_out)
-    extra = {"eval_s": eval_s, "checkpoint_s": ckpt_s,
+    reader = RecordReader(path)
+    algorithm = res.algorithm or ("ppo" if mentions(path, "critic/vf_loss") else "grpo")
+    rows = VerlRows((p, p * g), algorithm, res.reward_key, str(path))
+    for step, data in consecutive_steps(_items(reader)):
+        rows.feed(step, data)
+    warnings = reader.warnings + rows.warnings + rows.finish()
+    config = build_config(res, algorithm, max_logged(rows.steps, "actor/lr"), warnings)
+    extra = {"eval_s": rows.state["eval_s"], "checkpoint_s": rows.state["ckpt_s"],
              "train_s_source": "cumulative sum of timing_s/step"}
-    if steps:
-        extra["first_step_s"] = num(merged_first(merged, "timing_s/step"))
-    return Converted("verl", [path], steps, evals, config, res.seed, warnings_out, truncated,
-                     extra)
-
-
-def merged_first(merged: list, key: str):
-    return next((d[key] for _, d in merged if key in d), None)
+    if rows.steps:
+        extra["first_step_s"] = rows.first_step_s
+    return Converted("verl", [path], rows.steps, rows.evals, config, res.seed, warnings,
+                     reader.truncated, extra)

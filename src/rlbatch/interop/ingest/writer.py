@@ -21,9 +21,14 @@ naming the file, not a traceback or an absurd run (found by tests/test_fuzz.py).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
+import tempfile
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,14 +58,90 @@ def token_count(mean_len: float, samples: int, key: str, step: int, where: str) 
     return round(total)
 
 
+class RowSpool:
+    """Run-log rows kept in a temporary file, not in memory, so that a converter's memory
+    stays flat in the log's size: `append` (rows in step order, cleaned by `finite_values`),
+    `rewind(step)` (drop the rows from `step` on: a framework restarted from a checkpoint),
+    iteration (the rows read back), `last`, `len`. Only an offset and a step per row stay in
+    memory."""
+
+    def __init__(self) -> None:
+        # open for the spool's life (deleted on close or exit), not one block's
+        self._fh = tempfile.TemporaryFile("w+b")  # noqa: SIM115
+        self._offsets = array("q")
+        self._steps = array("q")
+        self._end = 0
+        self.last: dict | None = None
+
+    def append(self, row: dict) -> None:
+        row = finite_values(row)
+        data = (dumps_strict(row) + "\n").encode()
+        self._fh.seek(self._end)
+        self._fh.write(data)
+        self._offsets.append(self._end)
+        self._steps.append(int(row.get("step", 0)))
+        self._end += len(data)
+        self.last = row
+
+    def rewind(self, step: int) -> int:
+        """Drop the rows of step >= `step`; return how many were dropped."""
+        i = bisect_left(self._steps, step)
+        dropped = len(self._steps) - i
+        if dropped:
+            self._end = self._offsets[i]
+            del self._offsets[i:], self._steps[i:]
+            self._fh.truncate(self._end)
+            self.last = self._read(len(self._offsets) - 1) if self._offsets else None
+        return dropped
+
+    def _read(self, i: int) -> dict:
+        self._fh.seek(self._offsets[i])
+        return json.loads(self._fh.readline())
+
+    def lines(self) -> Iterator[bytes]:
+        self._fh.seek(0)
+        pos = 0
+        while pos < self._end:
+            line = self._fh.readline()
+            pos += len(line)
+            yield line
+
+    def __iter__(self) -> Iterator[dict]:
+        return (json.loads(line) for line in self.lines())
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def __bool__(self) -> bool:
+        return bool(self._offsets)
+
+    def rewrite(self, fn) -> None:
+        """Every row through `fn` (a new spool file; memory stays flat)."""
+        old, offsets = self._fh, self._offsets
+        self.__init__()
+        for off in offsets:
+            old.seek(off)
+            self.append(fn(json.loads(old.readline())))
+        old.close()
+
+
+Rows = list | RowSpool
+
+
+def _last(rows: Rows) -> dict | None:
+    if isinstance(rows, RowSpool):
+        return rows.last
+    return finite_values(rows[-1]) if rows else None
+
+
 @dataclass
 class Converted:
-    """A framework log in run-log form, ready to write."""
+    """A framework log in run-log form, ready to write (rows as a list, or a `RowSpool`)."""
 
     framework: str
     sources: list
-    steps: list
-    evals: list
+    steps: Rows
+    evals: Rows
     config: dict
     seed: int | None = None
     warnings: list = field(default_factory=list)
@@ -84,7 +165,7 @@ def _check(conv: Converted) -> None:
     """Counters present, in 0..MAX_STEP and samples non-decreasing; evaluation rows complete."""
     if not conv.steps and not conv.evals:
         raise DataError("no training steps or evaluations found", where=str(conv.sources[0]))
-    for row in conv.steps + conv.evals:
+    for row in _chain(conv.steps, conv.evals):
         for key in COUNTERS[:4]:
             v = row.get(key)
             if v is not None and not (isinstance(v, (int, float)) and 0 <= v <= MAX_STEP):
@@ -104,6 +185,11 @@ def _check(conv: Converted) -> None:
         if missing:
             raise DataError(f"evaluation at step {row.get('step')} lacks {missing}",
                             where=str(conv.sources[0]))
+
+
+def _chain(*groups: Iterable) -> Iterator[dict]:
+    for rows in groups:
+        yield from rows
 
 
 def _digest(paths: list) -> dict:
@@ -132,7 +218,7 @@ def run_id_for(conv: Converted, digests: dict) -> str:
 
 def build_summary(conv: Converted) -> dict:
     """summary.json of an ingested run: final counters, throughput, last evaluation."""
-    last = conv.steps[-1] if conv.steps else {}
+    last = _last(conv.steps) or {}
     summary = {
         # an ingested log says nothing of why it ended: 'running' when its last line was cut
         # (still being written, or killed), otherwise it ran to its own end
@@ -145,26 +231,28 @@ def build_summary(conv: Converted) -> dict:
     if isinstance(train_s, (int, float)) and train_s > 0 and isinstance(samples, (int, float)):
         summary["throughput"] = samples / train_s
     summary.update(conv.summary_extra)
-    summary["last_eval"] = conv.evals[-1] if conv.evals else None
+    summary["last_eval"] = _last(conv.evals)
     summary["ingest"] = {"framework": conv.framework, "step_rows": len(conv.steps),
                          "eval_rows": len(conv.evals), "warnings": list(conv.warnings)}
     return finite_values(summary)
 
 
-def _jsonl(rows: list) -> str:
-    return "".join(dumps_strict(r) + "\n" for r in rows)
+def _jsonl(rows: Rows) -> Iterator[bytes]:
+    if isinstance(rows, RowSpool):
+        return rows.lines()
+    return ((dumps_strict(finite_values(r)) + "\n").encode() for r in rows)
 
 
 def _write_files(tmp: Path, conv: Converted, manifest: dict, summary: dict) -> None:
-    for name, text in (
+    for name, chunks in (
         ("steps.jsonl", _jsonl(conv.steps)),
         ("evals.jsonl", _jsonl(conv.evals)),
-        ("config.yaml", yaml.safe_dump(conv.config, sort_keys=False)),
-        ("manifest.json", dumps_strict(manifest, indent=2) + "\n"),
-        ("summary.json", dumps_strict(summary, indent=2) + "\n"),
+        ("config.yaml", [yaml.safe_dump(conv.config, sort_keys=False).encode()]),
+        ("manifest.json", [(dumps_strict(manifest, indent=2) + "\n").encode()]),
+        ("summary.json", [(dumps_strict(summary, indent=2) + "\n").encode()]),
     ):
-        with open(tmp / name, "w") as fh:
-            fh.write(text)
+        with open(tmp / name, "wb") as fh:
+            fh.writelines(chunks)
             fh.flush()
             os.fsync(fh.fileno())
 
@@ -172,8 +260,6 @@ def _write_files(tmp: Path, conv: Converted, manifest: dict, summary: dict) -> N
 def write_run(out_dir: str | Path, conv: Converted, force: bool = False) -> dict:
     """Write `conv` to `out_dir` atomically; return the summary written."""
     _check(conv)
-    conv.steps = [finite_values(r) for r in conv.steps]
-    conv.evals = [finite_values(r) for r in conv.evals]
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UserError("output directory exists and is not empty; pass --force to replace it",
