@@ -333,6 +333,24 @@ def test_reward_faults_through_the_cli_are_named_and_escaped(tmp_path, reward, w
         message)
 
 
+@pytest.mark.trained
+def test_os_exit_in_an_in_process_reward_leaves_a_resumable_interrupted_run(tmp_path):
+    """`os._exit` runs no Python code after it, so nothing records it (docs/reliability.md):
+    the exit status is the function's, the summary stays `running`, and the next `train`
+    of that config names the run as interrupted and offers --resume, which continues it."""
+    sets = [*T512, "task.reward=hostile_rewards:os_exit_cheap"]
+    res = subprocess.run(_train_cmd(tmp_path, sets), env=_env(), capture_output=True,
+                         text=True, timeout=900, check=False)
+    assert res.returncode == 0 and res.stdout == "", (res.returncode, res.stderr[-2000:])
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    assert read_json(run_dir / "summary.json")["status"] == "running"
+    again = subprocess.run(_train_cmd(tmp_path, sets), env=_env(), capture_output=True,
+                           text=True, timeout=900, check=False)
+    lines = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(lines) == 1, again.stderr
+    assert "holds an interrupted run: pass --resume" in lines[0]
+
+
 # ---------------------------------------------------------------- signals
 
 @pytest.mark.trained
