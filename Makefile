@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	# torch first, pinned to the local CPU wheel: a bare requirement pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev,trl,ray]'
+	# verl's Hydra config and OpenRLHF's argument parser, only to check the settings rlbatch
+	# emits against them (tests/test_framework_keys.py): files, never imported. --no-deps, so
+	# neither can replace torch or pull its GPU stack.
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
 	touch $(STAMP)
 
 # The main job on the built-in default: the profile procedure on the tiny model (~4 min on 2

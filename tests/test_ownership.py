@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.procs import alive
 from rlbatch.core.config import RewardConfig
 from rlbatch.core.errors import ConfigError, RunFailed, sanitize, stop_signal
 from rlbatch.core.loading import load_config
@@ -40,15 +41,6 @@ def _env(**extra) -> dict:
 def _train_cmd(out: Path, sets: list[str]) -> list[str]:
     return [sys.executable, "-m", "rlbatch.cli.main", "train", "--preset", "grpo-tiny",
             "--out", str(out), *[x for s in sets for x in ("--set", s)]]
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, which nothing reaps in some containers, is dead)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _wait(predicate, proc=None, timeout=300.0, what="the condition"):
@@ -275,10 +267,10 @@ def test_children_of_pool_rewards_die_with_their_worker(monkeypatch, tmp_path):
         assert runner.score([Call("p", "ok", Example("p", "ok"), i) for i in range(8)]).values \
             == [1.0] * 8
         children = _wait(lambda: _pids(tmp_path), what="the children's PIDs")
-        assert all(_alive(pid) for pid in children)
+        assert all(alive(pid) for pid in children)
     finally:
         runner.close()
-    _wait(lambda: not any(_alive(pid) for pid in children), timeout=10, what="children to die")
+    _wait(lambda: not any(alive(pid) for pid in children), timeout=10, what="children to die")
     for p in tmp_path.iterdir():
         p.unlink()
     runner = _pool(monkeypatch, "forks_then_hangs", timeout_s=1.0, workers=1)
@@ -287,7 +279,7 @@ def test_children_of_pool_rewards_die_with_their_worker(monkeypatch, tmp_path):
         assert scored.faults == ["timeout"] and runner.pool.replaced == 1
         child = _pids(tmp_path)
         assert len(child) == 1
-        _wait(lambda: not _alive(child[0]), timeout=10, what="the replaced worker's child")
+        _wait(lambda: not alive(child[0]), timeout=10, what="the replaced worker's child")
     finally:
         runner.close()
 
@@ -303,7 +295,7 @@ def test_a_forking_reward_leaves_no_child_after_the_run(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     children = _pids(pids)
     assert len(children) >= 2  # one per worker
-    _wait(lambda: not any(_alive(pid) for pid in children), timeout=10, what="children to die")
+    _wait(lambda: not any(alive(pid) for pid in children), timeout=10, what="children to die")
 
 
 @pytest.mark.trained
@@ -490,9 +482,9 @@ def test_a_hand_started_train_cannot_take_a_running_profile_trial(tmp_path):
             assert hand.returncode == 2 and len(lines) == 1, hand.stderr
             assert f"is in use by PID {trial} on host {HOST} " in lines[0], lines
         os.kill(trial, signal.SIGCONT)
-        assert _alive(trial) and profile.poll() is None  # both carry on
+        assert alive(trial) and profile.poll() is None  # both carry on
     finally:
-        if trial is not None and _alive(trial):
+        if trial is not None and alive(trial):
             os.kill(trial, signal.SIGCONT)
         profile.terminate()
         profile.communicate(timeout=120)

@@ -203,7 +203,10 @@ def test_driver_skips_finished_trials_and_writes_stop_requests(tmp_path):
     assert fin["status"] == "stopped"
 
 
-def test_driver_refuses_a_trial_that_ended_without_finishing_its_run(tmp_path):
+def test_driver_records_a_trial_that_ended_without_finishing_its_run_and_goes_on(tmp_path):
+    """A trial whose process ended but whose run is not finished is a failed trial: written
+    down (journal `trial_failed`, `Driver.failed`) and left out, and the driver goes on
+    (issue 29: a failed trial does not stop the profile; a re-run resumes it)."""
     cfg = quick("profile.prompts_per_step=[32]")
     base = plan_trials(cfg, tmp_path / "runs", 64, [0], kinds=("baseline",))
 
@@ -217,8 +220,11 @@ def test_driver_refuses_a_trial_that_ended_without_finishing_its_run(tmp_path):
     ex = Vanishing({})
     ex.trials = {base[0].name: base[0]}
     driver = Driver(cfg, tmp_path, ex, Journal(tmp_path / "j.jsonl"), None, poll_s=0.0)
-    with pytest.raises(UserError, match="is not a finished run"):
-        driver.run(base)
+    driver.run(base)
+    assert list(driver.failed) == [base[0].name]
+    assert "but its run is not finished (status pending)" in driver.failed[base[0].name]
+    events = [e["event"] for e in read_jsonl(tmp_path / "j.jsonl")[0]]
+    assert events[-1] == "trial_failed"
 
 
 class ResumingExecutor(ScriptedExecutor):

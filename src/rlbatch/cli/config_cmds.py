@@ -59,10 +59,19 @@ def check(
 
 def _what_train_checks(cfg) -> list[str]:
     """The errors `rlbatch train` would stop at before writing anything, beyond the config
-    itself (the built-in tiny model is not built here)."""
+    itself (the built-in tiny model is not built here); for a command trial, that its
+    program and working directory exist."""
     from rlbatch.rollout.datasets import build_task, check_eval_prompts
     from rlbatch.rollout.models import resolve_model_path
 
+    if cfg.backend == "command":  # the command's own model, data and reward: its program
+        from rlbatch.backends.command.run import check_command
+
+        try:
+            check_command(cfg)
+        except UserError as exc:
+            return [str(exc)]
+        return []
     errors = []
     try:
         task = build_task(cfg.task)

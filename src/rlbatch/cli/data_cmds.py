@@ -1,4 +1,5 @@
-"""`rlbatch data check`: read a dataset file the way `task.name: dataset` would.
+"""`rlbatch data check`: read a dataset file the way `task.name: dataset` would;
+`rlbatch data export`: write a built-in task as a dataset folder (rollout/export.py).
 
 Prints the row count, the layout found, one sample prompt/answer, and how the configured
 reward scores each row's own reference answer. Malformed rows exit with status 2 and one line
@@ -21,7 +22,8 @@ from rlbatch.rollout.datasets import check_dataset
 
 FORMATS = ("auto", "jsonl", "parquet", "verl")
 
-data_app = typer.Typer(help="Inspect dataset files for task.name=dataset.", no_args_is_help=True)
+data_app = typer.Typer(help="Inspect dataset files for task.name=dataset; export a built-in "
+                       "task as one.", no_args_is_help=True)
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -70,6 +72,34 @@ def check(
     if scores["first_not_correct"]:
         line += f" (first: {scores['first_not_correct']})"
     print(line)
+
+
+@data_app.command("export")
+def export(
+    out: str = typer.Argument(..., help="folder to write train.jsonl and test.jsonl into"),
+    task: str = typer.Option("addition", help="addition | reverse | runsum"),
+    digits: int | None = typer.Option(None, help="task.digits (default: the task's)"),
+    train: int = typer.Option(65536, help="training examples (the stream for --seed)"),
+    test: int = typer.Option(1024, help="held-out examples (never in the training stream)"),
+    seed: int = typer.Option(0, help="seed of the training stream"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Write a built-in task as a dataset folder another framework trains on: `trl grpo
+    --dataset_name OUT --reward_funcs rlbatch.rollout.export.task_reward` trains on the task
+    rlbatch's own trainer uses (docs/integrations.md, "TRL")."""
+    from rlbatch.rollout.export import export_task
+
+    if task not in ("addition", "reverse", "runsum"):
+        raise ConfigError(f"--task: unknown task '{task}'; use addition, reverse or runsum")
+    if train < 1 or test < 1:
+        raise ConfigError("--train and --test must be >= 1")
+    info = export_task(task, digits, out, train, test, seed)
+    if as_json:
+        print_json(info)
+        return
+    print(f"wrote {info['train']:,} training and {info['test']:,} held-out examples of "
+          f"{info['task']} (digits {info['digits']}) to {out}/train.jsonl and "
+          f"{out}/test.jsonl")
 
 
 def register(app: typer.Typer) -> None:

@@ -39,9 +39,18 @@ def profile(
     seeds: int | None = typer.Option(None, help="seeds per configuration"),
     concurrency: str | None = typer.Option(None, help="decode sweep values of C"),
     budget_train_s: float | None = typer.Option(None, help="training-seconds cap per trial"),
-    backend: str | None = typer.Option(None, help="trainer for the trials: builtin | trl"),
-    executor: str = typer.Option("local", help="local | ray"),
-    address: str | None = typer.Option(None, help="Ray cluster address (e.g. auto)"),
+    backend: str | None = typer.Option(
+        None, help="trainer for the trials: builtin | trl | command (your own verl, OpenRLHF, "
+        "prime-rl or `trl grpo` command, from the config's command: section)"),
+    executor: str = typer.Option(
+        "local", help="where trials run: local (processes here) | ray (Ray tasks, for "
+        "builtin/trl trials) | ray-job (jobs on an existing Ray cluster, for commands that "
+        "start Ray themselves: verl, OpenRLHF)"),
+    address: str | None = typer.Option(
+        None, help="ray: the cluster address (e.g. auto); ray-job: the dashboard's address "
+        "(e.g. http://127.0.0.1:8265; default $RAY_ADDRESS)"),
+    trial_cpus: float = typer.Option(1.0, help="ray, ray-job: CPUs a trial asks for"),
+    trial_gpus: float = typer.Option(0.0, help="ray, ray-job: GPUs a trial asks for"),
     workers: int | None = typer.Option(None, help="trials at once (default: profile.workers)"),
     strategy: str | None = typer.Option(
         None, help="full (every candidate towards the target) | probe (short probes, "
@@ -53,30 +62,23 @@ def profile(
     candidates and a fixed-LR control, alignment checks on the samples axis with early
     stopping (or, with --strategy probe, short probes and predicted times), a
     decode-concurrency sweep, the fastest aligned configuration. Re-run to resume after a
-    kill."""
+    kill.
+
+    Trials run the built-in trainer, or your own training command (backend: command, with a
+    command: section for verl, OpenRLHF, prime-rl, `trl grpo` or `rlbatch train`): each
+    trial's batch, scaled LR, seed, cadences and resume flags are appended, its log is
+    followed, it is stopped early the framework's way. Walk-throughs: docs/integrations.md."""
     from rlbatch.profile import driver, executors, probing, procedure
 
-    overrides = list(set_ or [])
-    if batches:
-        overrides.append(f"profile.prompts_per_step={whole_numbers(batches, '--batches')}")
-    if concurrency:
-        overrides.append(f"profile.concurrency={whole_numbers(concurrency, '--concurrency')}")
-    if seeds is not None:
-        overrides.append(f"profile.seeds={seeds}")
-    if workers is not None:
-        overrides.append(f"profile.workers={workers}")
-    if backend is not None:
-        overrides.append(f"backend={backend}")
-    if strategy is not None:
-        overrides.append(f"profile.strategy={strategy}")
-    if budget_train_s is not None:
-        overrides.append(f"budget.max_train_s={budget_train_s}")
+    overrides = list(set_ or []) + _flag_overrides(
+        batches=batches, concurrency=concurrency, seeds=seeds, workers=workers,
+        backend=backend, strategy=strategy, budget_train_s=budget_train_s)
     if config is None and preset is None:
         preset = "quick"
     cfg = resolve(config, preset, overrides)
     out_dir = out or f"profiles/{cfg.name}"
     driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
-    ex = executors.make_executor(executor, cfg.profile.workers, address)
+    ex = executors.make_executor(executor, cfg.profile.workers, address, trial_cpus, trial_gpus)
     run = probing.run_probe_profile if cfg.profile.strategy == "probe" else procedure.run_profile
     try:
         with Live(_table([], cfg.target.metric), console=err, refresh_per_second=2) as live:
@@ -86,6 +88,22 @@ def profile(
         err.print()  # the error line goes below the live table, not glued to its last line
         raise
     _print_decision(doc, out_dir, as_json)
+
+
+def _flag_overrides(*, batches, concurrency, seeds, workers, backend, strategy,
+                    budget_train_s) -> list[str]:
+    """The `--set`s that `profile`'s own flags stand for (those given)."""
+    out = []
+    if batches:
+        out.append(f"profile.prompts_per_step={whole_numbers(batches, '--batches')}")
+    if concurrency:
+        out.append(f"profile.concurrency={whole_numbers(concurrency, '--concurrency')}")
+    for key, value in (("profile.seeds", seeds), ("profile.workers", workers),
+                       ("backend", backend), ("profile.strategy", strategy),
+                       ("budget.max_train_s", budget_train_s)):
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out
 
 
 def continue_command(argv: list[str], out_dir: str, seeds: int | None = None,
@@ -128,7 +146,7 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
     command = _next_command(doc, out_dir)
     if as_json:
         print_json({"profile_dir": out_dir, "decision": d, "cost": cost, "problem": doc["problem"],
-                    "next_command": command})
+                    "failed_trials": doc.get("failed_trials") or {}, "next_command": command})
         return
     print(f"profile: {out_dir}/profile.json")
     if doc.get("strategy") == "probe" and d is not None:
@@ -136,13 +154,19 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
     elif doc["analysis"] is None:
         print(f"decision: none ({doc['problem']})")
     else:
-        for line in decision_lines(doc["analysis"], doc["decode"]["chosen"]):
+        decode = doc["decode"]
+        c = decode["chosen"] if decode.get("passed_to_command", True) else None
+        for line in decision_lines(doc["analysis"], c):
             print(line)
     m = cost.get("multiple_of_baseline_time_to_target")
     grid = cost.get("fraction_of_grid")
     print(f"profiling cost: {cost['total_s']:.1f} training seconds"
           + (f" = {m:.2f}x one baseline run's time to target" if m else "")
           + (f" ({grid:.0%} of the exhaustive grid's estimate)" if grid else ""))
+    for name, why in (doc.get("failed_trials") or {}).items():
+        print(f"trial {name} failed and is left out of the decision: {why}")
+    if doc.get("failed_trials"):
+        print("re-running the same command resumes the failed trials (finished ones are kept)")
     if command:
         print(f"to continue this profile (finished trials are kept): {command}")
 

@@ -1,5 +1,6 @@
 """`rlbatch train`: one GRPO/PPO run with the built-in trainer (or TRL's GRPOTrainer with
-`backend: trl`), live progress, final summary."""
+`backend: trl`, or the user's own training command with `backend: command`), live progress,
+final summary."""
 
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ def train(
     fresh: bool = typer.Option(False, "--fresh", help="discard an existing run directory"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
-    """Train with the built-in GRPO/PPO trainer (or TRL with backend=trl) and write a run log."""
+    """Train with the built-in GRPO/PPO trainer (or TRL with backend=trl, or your own
+    verl / OpenRLHF / prime-rl / trl command with backend=command, followed through its log:
+    docs/integrations.md) and write a run log."""
     from rlbatch.backends.builtin.trainer import Trainer
 
     overrides = list(set_ or []) + ([f"output_dir={out}"] if out else [])
@@ -54,6 +57,10 @@ def train(
             from rlbatch.backends.trl.run import TRLRun
 
             trainer = TRLRun(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
+        elif cfg.backend == "command":  # the user's own command, followed through its log
+            from rlbatch.backends.command.run import CommandRun
+
+            trainer = CommandRun(cfg, resume=resume, fresh=fresh)
         else:
             trainer = Trainer(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
         with _progress(cfg) as show:
@@ -69,7 +76,9 @@ def train(
                     row = state["row"]
                 state["row"] = row
                 ev = state["eval"]
-                show(row["samples"], f"step {row['step']} reward {row['reward/mean']:.3f} "
+                reward = row.get("reward/mean")  # null in a followed command's row: '-'
+                reward = "-" if reward is None else f"{reward:.3f}"
+                show(row["samples"], f"step {row['step']} reward {reward} "
                                      f"{cfg.target.metric} {'-' if ev is None else f'{ev:.3f}'}"
                                      f" | {_split(row)}")
 

@@ -25,6 +25,7 @@ from rlbatch.core.sections import (  # noqa: F401  (re-exported: the config's pu
     BatchConfig,
     BudgetConfig,
     CheckpointConfig,
+    CommandConfig,
     CriticConfig,
     EvalConfig,
     LossConfig,
@@ -46,7 +47,7 @@ class Config(StrictModel):
     name: str = "run"
     model: str = Field("tiny", description="'tiny' (built-in default) or a local HF checkpoint")
     algorithm: Literal["grpo", "ppo"] = "grpo"
-    backend: Literal["builtin", "trl"] = "builtin"
+    backend: Literal["builtin", "trl", "command"] = "builtin"
     task: TaskConfig = TaskConfig()
     batch: BatchConfig = BatchConfig()
     optimizer: OptimizerConfig = OptimizerConfig(reference_sequences=128, reference_lr=1e-4)
@@ -61,6 +62,9 @@ class Config(StrictModel):
     nonfinite: NonFiniteConfig = NonFiniteConfig()
     reward: RewardConfig = RewardConfig()
     profile: ProfileConfig = ProfileConfig()
+    command: CommandConfig | None = Field(
+        None, description="backend: command: the user's own training command (trl, verl, "
+        "openrlhf, prime-rl, or rlbatch train) run and followed as the trial")
     seed: int = Field(0, ge=0, le=2**32 - 1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -106,6 +110,9 @@ class Config(StrictModel):
                 f"noise_scale.enabled needs at least 2 micro-batches per critic minibatch too: "
                 f"set batch.micro_batch_sequences <= {critic_mini // 2} or fewer "
                 f"critic.minibatches_per_step (the critic's minibatch is {critic_mini} sequences)")
+        if (self.backend == "command") != (self.command is not None):
+            raise ValueError("backend: command and a command: section go together (give "
+                             "both, or neither)")
         if self.target.gain is not None and not self.eval.at_start:
             raise ValueError("target.gain is relative to the step-0 evaluation: it needs "
                              "eval.at_start: true")
@@ -166,5 +173,7 @@ class Config(StrictModel):
         out = self.model_dump(mode="json")
         if not out["trackers"]:  # sinks, not the experiment: an empty list leaves the run id alone
             del out["trackers"]
+        if out["command"] is None:  # absent unless backend: command (run ids stay as they were)
+            del out["command"]
         out["derived"] = self.derived()
         return out

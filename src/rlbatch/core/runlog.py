@@ -112,7 +112,8 @@ def stable_hash(obj: Any, length: int = 10) -> str:
 
 def identity(resolved: dict) -> dict:
     """The part of a resolved config that defines the experiment: without `output_dir` and
-    `trackers` (where it writes, which sinks it feeds), without `reward.workers`,
+    `trackers` (where it writes, which sinks it feeds), without how a command trial is
+    watched (`command.poll_s`, `idle_timeout_s`, `stop_grace_s`), without `reward.workers`,
     `reward.max_error_rate` and `reward.error_window_calls` (how rewards are run and when the
     run gives up change no value it logs, so a run that failed on its error rate can be
     resumed with a new limit), and with the `reward` section's default values left out, so
@@ -120,6 +121,9 @@ def identity(resolved: dict) -> dict:
     from rlbatch.core.config import RewardConfig
 
     body = {k: v for k, v in resolved.items() if k not in ("output_dir", "trackers")}
+    if isinstance(body.get("command"), dict):  # how the command is watched, not what it runs
+        body["command"] = {k: v for k, v in body["command"].items()
+                           if k not in ("poll_s", "idle_timeout_s", "stop_grace_s")}
     if isinstance(body.get("reward"), dict):
         defaults = RewardConfig().model_dump(mode="json")
         execution = ("workers", "max_error_rate", "error_window_calls")
@@ -254,6 +258,14 @@ class RunWriter:
         if missing:
             raise ValueError(f"eval row lacks required keys {missing}")
         self._evals.append(row)
+
+    def log_converted(self, steps: list[dict], evals: list[dict]) -> None:
+        """Rows converted from another framework's log (a followed command), which carry
+        the keys that framework measured and leave out the rest, as `rlbatch ingest` does."""
+        if steps:
+            self._steps.append(*steps)
+        if evals:
+            self._evals.append(*evals)
 
     def close(self) -> None:
         self._steps.close()

@@ -260,6 +260,44 @@ class RewardConfig(StrictModel):
         "(the most recent whole steps covering at least this many calls)")
 
 
+COMMAND_FRAMEWORKS = ("trl", "verl", "openrlhf", "prime-rl", "rlbatch")
+
+
+class CommandConfig(StrictModel):
+    """`backend: command`: the trial is the user's own training command, run with the
+    framework's overrides for the trial (batch, scaled LR, seed, cadences, log location,
+    resume) and followed through its log (backends/command; docs/integrations.md)."""
+
+    framework: Literal["trl", "verl", "openrlhf", "prime-rl", "rlbatch"] = Field(
+        description="whose command it is: which overrides it takes and which log it writes")
+    argv: list[str] = Field(min_length=1, max_length=4096, description="the base command, "
+                            "one word per item (e.g. [trl, grpo, --model_name_or_path, ...]); "
+                            "the trial's overrides are appended")
+    workdir: str | None = Field(None, description="working directory of the command "
+                                "(default: the one rlbatch runs in)")
+    env: dict[str, str] = Field({}, max_length=MAX_LIST, description="extra environment "
+                                "variables of the command")
+    num_processes: int = Field(1, gt=0, le=MAX_COUNT, description="trl: processes the "
+                               "command trains on (per_device x processes x steps per "
+                               "generation = B)")
+    per_device_batch: int | None = Field(None, gt=0, le=MAX_SEQUENCES, description="trl: "
+                                         "per_device_train_batch_size (default: G)")
+    poll_s: float = Field(2.0, gt=0, le=3600, description="seconds between two reads of the "
+                          "command's log")
+    idle_timeout_s: float = Field(1800.0, gt=0, le=7 * 86400, description="the trial fails "
+                                  "when its log does not grow for this long (start-up "
+                                  "included)")
+    stop_grace_s: float = Field(60.0, ge=0, le=3600, description="seconds between SIGTERM to "
+                                "the command's process group and SIGKILL")
+
+    @field_validator("argv")
+    @classmethod
+    def _words(cls, argv: list[str]) -> list[str]:
+        if not argv[0].strip():
+            raise ValueError("command.argv[0] must name a program")
+        return argv
+
+
 class ProfileConfig(StrictModel):
     """`rlbatch profile`: the candidates and the procedure's settings (docs/design.md)."""
 

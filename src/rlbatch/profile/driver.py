@@ -21,7 +21,7 @@ import yaml
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
 from rlbatch.core.config import Config
-from rlbatch.core.errors import EXIT_DIVERGED, UserError, sanitize
+from rlbatch.core.errors import EXIT_DIVERGED, sanitize
 from rlbatch.core.ownership import own
 from rlbatch.core.runlog import (
     FINISHED,
@@ -83,6 +83,7 @@ class Driver:
         self.progress = progress or (lambda rows: None)
         self.poll_s = poll_s
         self.all: list[Trial] = []
+        self.failed: dict[str, str] = {}  # trial name -> why, for the trials that failed
 
     def run(self, trials: list[Trial], stopper: Stopper | None = None) -> None:
         for t in trials:
@@ -106,12 +107,10 @@ class Driver:
                 diverged = fin.returncode == EXIT_DIVERGED and st["status"] == "diverged"
                 if fin.returncode != 0 and not diverged:  # a diverged trial is a result
                     said = st["failure"] if st["status"] == "failed" else last_error(fin.log)
-                    why = f": {said}" if said else ""
-                    raise UserError(f"trial {fin.name} failed (exit {fin.returncode}{why}); "
-                                    f"see {fin.log}; re-run the profile to resume it")
-                if st["status"] not in FINISHED:
-                    raise UserError(f"trial {fin.name} ended but {st['run_dir']} is not a "
-                                    f"finished run (status {st['status']}); see {fin.log}")
+                    self._failed(fin, f"exit {fin.returncode}" + (f": {said}" if said else ""))
+                elif st["status"] not in FINISHED:
+                    self._failed(fin, f"exit {fin.returncode}, but its run is not finished "
+                                      f"(status {st['status']})")
             for name in self.ex.running():
                 st = trial_status(by_name[name])
                 reason = stopper(st) if stopper else None
@@ -122,6 +121,12 @@ class Driver:
             self.progress([trial_status(t) for t in self.all])
             time.sleep(self.poll_s)
         self.progress([trial_status(t) for t in self.all])
+
+    def _failed(self, fin, why: str) -> None:
+        """A trial that failed is written down and left out; the profile goes on (a re-run
+        of the profile resumes it)."""
+        self.failed[fin.name] = f"{why}; see {fin.log}"
+        self.journal.log("trial_failed", trial=fin.name, reason=self.failed[fin.name])
 
     def _submit(self, t: Trial) -> None:
         cfg_path = self.out / "trials" / f"{t.name}.yaml"
@@ -182,7 +187,9 @@ def start_profile(cfg: Config, out: str | Path, executor, progress: Progress | N
 
 
 def choose_concurrency(cfg: Config, out: Path, journal: Journal, batch_max: int) -> dict:
-    """Decode sweep on the model, cached in decode.json; returns the sweep and chosen C."""
+    """Decode sweep on the model, cached in decode.json; returns the sweep and chosen C. A
+    command trial decodes with its framework's own engine, which rlbatch's sweep does not
+    measure: C stays rollout.generation_concurrency."""
     wanted = sorted(c for c in cfg.profile.concurrency if c <= batch_max) or [batch_max]
     path = out / "decode.json"
     key = {"model": cfg.model, "task": cfg.task.name, "digits": cfg.task.digits,
@@ -190,7 +197,13 @@ def choose_concurrency(cfg: Config, out: Path, journal: Journal, batch_max: int)
     cached = read_json(path)
     if cached.get("key") == key:
         return cached
-    if not cfg.profile.concurrency:
+    if cfg.backend == "command":
+        from rlbatch.interop.launch import TAKES_CONCURRENCY
+
+        doc = {"key": key, "chosen": cfg.rollout.generation_concurrency, "sweep": None,
+               "seconds": 0.0, "framework_decodes": True,
+               "passed_to_command": cfg.command.framework in TAKES_CONCURRENCY}
+    elif not cfg.profile.concurrency:
         doc = {"key": key, "chosen": cfg.rollout.generation_concurrency, "sweep": None,
                "seconds": 0.0}
     else:
@@ -226,8 +239,10 @@ def target_of(cfg: Config) -> Target:
 
 def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial]) -> dict:
     """The analysis of this profile's own trials: runs that earlier attempts with other
-    settings left in the same folder are not part of its decision."""
-    dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()]
+    settings left in the same folder are not part of its decision, nor are failed trials
+    (their rows stop where they failed, for a reason that is not the configuration's)."""
+    dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()
+            and trial_status(t)["status"] != "failed"]
     return analyze(dirs, target_of(cfg), reference_run=str(reference.run_dir()),
                    margin=cfg.profile.margin, statistic=cfg.profile.statistic)
 

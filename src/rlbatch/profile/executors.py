@@ -9,13 +9,17 @@ directories for progress and early stopping.
 - `RayExecutor(address, workers, num_cpus, num_gpus)`: each trial is a Ray task with a
   resource request that runs the same command on a Ray worker; run directories must be on a
   filesystem the driver can read (a local Ray runtime, or a shared filesystem on a cluster).
+- `RayJobExecutor(address, workers, num_cpus, num_gpus)`: each trial is a job on an
+  existing Ray cluster (job submission API), for commands that start Ray themselves.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,9 +137,91 @@ class RayExecutor(_Executor):
         self._running.clear()
 
 
-def make_executor(name: str, workers: int, address: str | None = None):
+RAY_JOB_EXIT = {"SUCCEEDED": 0, "STOPPED": 143}  # a FAILED job's code is in its message
+
+
+class RayJobExecutor(_Executor):
+    """Each trial is a job submitted to an existing Ray cluster through Ray's job submission
+    API (the dashboard's address, e.g. http://head:8265), with its own CPU and GPU request:
+    how verl and OpenRLHF runs are launched, since their drivers call `ray.init` themselves
+    and cannot run inside a Ray task. The job's entrypoint is the trial's `rlbatch train`,
+    which starts the user's command and follows its log; the cluster's nodes must see this
+    Python environment and the profile folder at the same paths (one machine, or a shared
+    filesystem). The job's output is copied into the trial's log when it ends; a job stopped
+    with `stop_job` gets SIGTERM, then SIGKILL after Ray's RAY_JOB_STOP_WAIT_TIME_S."""
+
+    name = "ray-job"
+
+    def __init__(self, address: str | None, workers: int = 1, num_cpus: float = 1,
+                 num_gpus: float = 0):
+        try:
+            from ray.job_submission import JobSubmissionClient
+        except ImportError:
+            raise ConfigError("--executor ray-job needs Ray's job submission client: pip "
+                              "install 'rlbatch[ray]' (ray[default])") from None
+        address = address or os.environ.get("RAY_ADDRESS")
+        if not address:
+            raise ConfigError("--executor ray-job needs --address: the Ray dashboard's "
+                              "address, e.g. http://127.0.0.1:8265 (or RAY_ADDRESS)")
+        super().__init__(workers)
+        try:
+            self.client = JobSubmissionClient(address)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError(f"--address: no Ray job server at {address} "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") \
+                from None
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self._jobs: dict[str, str] = {}
+
+    def submit(self, name: str, config_path: Path, log_path: Path) -> None:
+        import shlex
+
+        job = f"rlbatch-{name}-{os.getpid()}-{time.time_ns()}"  # ids are never reused
+        threads = max(1, int(self.num_cpus))
+        # the job starts where Ray puts it: the trial runs in this folder, as locally
+        entrypoint = f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(trial_command(config_path))}"
+        self.client.submit_job(
+            entrypoint=entrypoint, submission_id=job,
+            runtime_env={"env_vars": {"PYTHONUNBUFFERED": "1", "RLBATCH_THREADS": str(threads)}},
+            entrypoint_num_cpus=self.num_cpus, entrypoint_num_gpus=self.num_gpus)
+        with open(log_path, "a") as log:
+            log.write(f"ray job {job}\n")
+        self._running[name] = (job, log_path)
+        self._jobs[name] = job
+
+    def _exit_code(self, job: str) -> int | None:
+        info = self.client.get_job_info(job)
+        status = str(getattr(info.status, "value", info.status))
+        if status in ("PENDING", "RUNNING"):
+            return None
+        if status in RAY_JOB_EXIT:
+            return RAY_JOB_EXIT[status]
+        found = re.search(r"exit code (-?\d+)", info.message or "")
+        return int(found.group(1)) if found else 1
+
+    def poll(self) -> list[Finished]:
+        done = self._reap(self._exit_code)
+        for fin in done:  # the job's output, kept by Ray, joins the trial's log
+            job = self._jobs.pop(fin.name)
+            with open(fin.log, "a") as log:
+                log.write(self.client.get_job_logs(job))
+        return done
+
+    def shutdown(self) -> None:
+        for job, _ in self._running.values():
+            self.client.stop_job(job)
+        self._running.clear()
+
+
+def make_executor(name: str, workers: int, address: str | None = None,
+                  num_cpus: float = 1, num_gpus: float = 0):
+    if num_cpus <= 0 or num_gpus < 0:
+        raise ConfigError("--trial-cpus must be > 0 and --trial-gpus >= 0")
     if name == "local":
         return LocalExecutor(workers)
     if name == "ray":
-        return RayExecutor(address=address, workers=workers)
-    raise ConfigError(f"--executor: unknown executor '{name}'; use local or ray")
+        return RayExecutor(address=address, workers=workers, num_cpus=num_cpus,
+                           num_gpus=num_gpus)
+    if name == "ray-job":
+        return RayJobExecutor(address, workers=workers, num_cpus=num_cpus, num_gpus=num_gpus)
+    raise ConfigError(f"--executor: unknown executor '{name}'; use local, ray or ray-job")

@@ -108,6 +108,10 @@ def _measured(trial: Trial, cfg: Config) -> dict:
     return run_result(frames.run_steps(d), frames.run_evals(d), target_of(cfg))
 
 
+class BaselineFailed(Exception):
+    """A baseline trial failed: no prediction can be anchored (the profile's problem)."""
+
+
 @dataclass
 class _Probing:
     """What the phases of a probe profile share once the baseline has run."""
@@ -144,7 +148,10 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
     if ev["problem"]:
         return _write(cfg, out, driver, decode, None, ev["problem"], [], {})
     pr = _plan_probes(cfg, out / "runs", c, ev, journal, driver, decode, base)
-    rounds, plan, preds = _probe_rounds(pr)
+    try:
+        rounds, plan, preds = _probe_rounds(pr)
+    except BaselineFailed as exc:
+        return _write(cfg, out, driver, decode, None, str(exc), [], {})
     cut_name = None  # the confirmation the budget stopped, if any
     if plan.confirm:
         plan, cut_name, enough = _confirm(pr, plan, preds, rounds)
@@ -192,7 +199,13 @@ def _probe_rounds(pr: _Probing) -> tuple[list[dict], Plan, dict]:
             if trial_status(t)["samples"] < pr.limits[t.name]:
                 reopen(t)
         pr.driver.run(todo, lambda st: probe_stop_reason(st, pr.limits[st["trial"]]))
-        preds = _predictions(pr.cfg, pr.base, pr.base_probe, pr.cands)
+        if pr.base_probe.name in pr.driver.failed:
+            raise BaselineFailed(f"the baseline's probe {pr.base_probe.name} failed "
+                                 f"({pr.driver.failed[pr.base_probe.name]}); re-run the "
+                                 "profile to resume it")
+        dropped |= set(pr.driver.failed)  # a failed probe is left out, named in the trials
+        preds = _predictions(pr.cfg, pr.base, pr.base_probe,
+                             [t for t in pr.cands if t.name not in pr.driver.failed])
         live = [Candidate(t.name, st["samples"], preds[t.name], train_s=st["train_s"])
                 for t in pr.family if t.name not in dropped for st in [trial_status(t)]]
         plan = plan_next(live, cap=pr.cap)
@@ -338,7 +351,7 @@ def _write(cfg: Config, out: Path, driver: Driver, decode: dict, decision: dict 
     base_times = baseline_times(trials)
     doc = {"config": cfg.name, "strategy": "probe", "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
-           "predictions": preds, "rounds": rounds, "cost": cost, "analysis": result,
+           "failed_trials": driver.failed, "predictions": preds, "rounds": rounds, "cost": cost, "analysis": result,
            "baseline_times": base_times,
            "baseline_time_median": statistics.median(base_times) if base_times else None}
     atomic_write_json(out / "profile.json", doc)

@@ -59,6 +59,13 @@ def baseline_evidence(base: list[Trial], cfg: Config) -> dict:
     from rlbatch.analysis.runs import frames_from_runs
     from rlbatch.core.runlog import read_run
 
+    failed = [t for t in base if trial_status(t)["status"] == "failed"]
+    base = [t for t in base if t not in failed]
+    if not base:
+        why = trial_status(failed[0])["failure"] or "no reason recorded"
+        return {"runs": 0, "reached": 0,
+                "problem": f"every baseline trial failed (the first, {failed[0].name}: {why}); "
+                           "re-run the profile to resume them"}
     frames = frames_from_runs([read_run(t.run_dir()) for t in base])
     res = [run_result(frames.run_steps(str(t.run_dir())), frames.run_evals(str(t.run_dir())),
                       target_of(cfg)) for t in base]
@@ -168,17 +175,24 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
                if prof.early_stop else None)
     driver.run(cands, stopper)
     decided = [t for t in driver.all if t not in sparse]  # the sparse baseline is superseded
-    result = analyze_trials(cfg, out, base[0], decided)
+    result = analyze_trials(cfg, out, _reference(base), decided)
     chosen = challenger(result) if extra else None
-    winner = next((t for t in cands if _config_id(result, t) == chosen), None)
+    winner = next((t for t in cands if chosen is not None and _config_id(result, t) == chosen),
+                  None)
     if winner is not None:
         confirm = [t for t in plan_trials(cfg, runs, c, extra, kinds=(winner.kind,),
                                           eval_every=every)
                    if t.prompts_per_step == winner.prompts_per_step]
         journal.log("confirming", challenger=chosen, trials=[t.name for t in confirm])
         driver.run(confirm, stopper)
-        result = analyze_trials(cfg, out, base[0], [t for t in driver.all if t not in sparse])
+        result = analyze_trials(cfg, out, _reference(base),
+                                [t for t in driver.all if t not in sparse])
     return _finish(cfg, out, driver, decode, result, result.get("problem"))
+
+
+def _reference(base: list[Trial]) -> Trial:
+    """The baseline run the analysis names as its reference: the first that did not fail."""
+    return next((t for t in base if trial_status(t)["status"] != "failed"), base[0])
 
 
 def _config_id(result: dict, trial: Trial) -> str | None:
@@ -200,10 +214,11 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
         decision = {"prompts_per_step": run_cfg["batch"]["prompts_per_step"],
                     "samples_per_prompt": run_cfg["batch"]["samples_per_prompt"],
                     "sequences_per_step": rec["sequences_per_step"], "lr": rec["lr"],
-                    "generation_concurrency": decode["chosen"], **rec}
+                    "generation_concurrency": decode["chosen"] if decode.get(
+                        "passed_to_command", True) else None, **rec}
     doc = {"config": cfg.name, "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
-           "cost": cost, "analysis": result}
+           "failed_trials": driver.failed, "cost": cost, "analysis": result}
     atomic_write_json(out / "profile.json", doc)
     driver.journal.log("profile_finished", decision=None if decision is None else rec["config"])
     return doc

@@ -92,6 +92,7 @@ class RunState:
         self.summary = read_json(run_dir / "summary.json") if finished else {}
         self.writer: RunWriter | None = None
         self._range_warned = False  # eval/accuracy outside [0, 1] is said once per run
+        self.extra: dict = {}  # more keys of summary.json (a command trial's `command`)
 
     @property
     def status(self) -> str:
@@ -114,7 +115,7 @@ class RunState:
                 with writing(tmp):  # atomic writes' temporary files a killed process left
                     tmp.unlink(missing_ok=True)
             self.writer = RunWriter(self.dir)
-            self._write_summary()
+            self.write_summary()
         except OutputError as exc:  # the run folder exists: fix it, then --resume
             raise exc.resumable() from None
 
@@ -171,8 +172,13 @@ class RunState:
         append_jsonl(self.dir / REWARD_ERRORS, *rows)
 
     def log_eval(self, row: dict, seconds: float) -> None:
-        c, t = self.c, self.cfg.target
         self.writer.log_eval(row)
+        self.record_eval(row, seconds)
+
+    def record_eval(self, row: dict, seconds: float) -> None:
+        """Count an evaluation already written: its time, the next mark, the relative
+        target's threshold (from the step-0 evaluation) and the first crossing."""
+        c, t = self.c, self.cfg.target
         c.eval_s += seconds
         c.evals_done += 1
         c.last_eval = row
@@ -301,14 +307,14 @@ class RunState:
                 "stop_code": c.stop_code, "failure": c.failure,
                 "reward_faults": {"calls": c.reward_calls,
                                   **{k: getattr(c, f"reward_{k}") for k in _FAULT_KEYS}},
-                "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                **self.extra, "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
-    def _write_summary(self) -> None:
+    def write_summary(self) -> None:
         self.summary = self._summary()
         self.writer.write_summary(self.summary)
 
     def finish(self) -> dict:
-        self._write_summary()
+        self.write_summary()
         self.writer.close()
         self.finished = True
         return self.summary

@@ -276,9 +276,12 @@ def _scalar(v, tensor_util) -> float | None:
     return None
 
 
-def tb_step_records(tb: TBScalars, prefix_map: dict[str, str]) -> list[tuple[int, dict, float]]:
+def tb_step_records(tb: TBScalars, prefix_map: dict[str, str],
+                    undated: tuple = ()) -> list[tuple[int, dict, float]]:
     """(step, {key: value}, latest wall time) per step, keeping tags that start with one of
-    `prefix_map`'s prefixes (renamed to its value: 'train/' -> '' strips the prefix)."""
+    `prefix_map`'s prefixes (renamed to its value: 'train/' -> '' strips the prefix). Tags in
+    `undated` give their value but not their wall time (one logged later beside something
+    else: transformers writes `train/epoch` with every evaluation's metrics too)."""
     by_step: dict[int, tuple[dict, float]] = {}
     for tag, series in tb.scalars.items():
         for prefix, repl in prefix_map.items():
@@ -290,5 +293,5 @@ def tb_step_records(tb: TBScalars, prefix_map: dict[str, str]) -> list[tuple[int
         for step, (wall, value) in series.items():
             data, last = by_step.setdefault(step, ({}, -math.inf))
             data[key] = value
-            by_step[step] = (data, max(last, wall))
+            by_step[step] = (data, last if tag in undated else max(last, wall))
     return [(s, d, w) for s, (d, w) in sorted(by_step.items())]

@@ -147,7 +147,10 @@ def _from_tensorboard(path: Path, tb) -> tuple[list, list]:
     evals = [(s, d) for s, d, _ in tb_step_records(tb, {"eval/": "eval/"})]
     eval_runtime = {s: num(d.get("eval/runtime")) or 0.0 for s, d in evals}
     train = []
-    for step, data, wall in tb_step_records(tb, {"train/": ""}):
+    # transformers logs `train/epoch` beside each evaluation too: it dates no training step
+    for step, data, wall in tb_step_records(tb, {"train/": ""}, undated=("train/epoch",)):
+        if step == 0 or set(data) <= {"epoch"}:
+            continue  # only that epoch, at an evaluation: no training step
         done = sum(v for s, v in eval_runtime.items() if s < step)
         train.append((step, data, wall - tb.origin - done))
     return train, evals

@@ -1,0 +1,34 @@
+"""`python -m rlbatch.backends.command.exec_child PARENT_PID ARGV...`: become ARGV (exec),
+after asking the kernel to send SIGTERM when the process that started us ends (Linux
+PR_SET_PDEATHSIG; elsewhere nothing is asked). `CommandRun` starts a command this way, so that
+a `rlbatch train` killed outright (SIGKILL) does not leave the command training on. Run as
+its own process, not as a `preexec_fn`, which is unsafe beside threads."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def main(args: list[str]) -> int:
+    parent, argv = int(args[0]), args[1:]
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        return 128 + signal.SIGTERM
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"error: cannot run {argv[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 127
+    return 0  # not reached: exec replaced this process
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

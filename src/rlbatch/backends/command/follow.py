@@ -1,0 +1,191 @@
+"""Following a command's log: the trial's run-log rows, from the framework's log as it is
+written so far, across every attempt (a resumed command is a new attempt).
+
+Each read converts every attempt's log with `rlbatch ingest`'s converter (the same rows
+`rlbatch ingest` would write for it), and does so only when a file under the logs changed
+(size or modification time). The attempts are then joined: an attempt that continued from a
+checkpoint at rollout step c keeps the earlier attempts' rows up to step c and replaces the
+rest with its own, and its training seconds continue from the earlier rows' `train_s` at
+step c (a converter counts seconds from the start of the log it reads). An attempt whose
+checkpoint step is not known from outside is cut where its own rows start. A log shared by
+every attempt (a framework that resumes into its own log: `rlbatch train`) is read once, as
+it stands. docs/integrations.md, "Following a command".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlbatch.core.errors import ConfigError, DataError
+from rlbatch.core.runlog import read_jsonl
+
+# what `train_s` of each framework's rows is measured by
+TRAIN_S_SOURCE = {
+    "trl": "TensorBoard event wall time since the attempt's writer opened (transformers "
+           "opens it when training begins), less TRL's eval/runtime; checkpoint saves "
+           "included",
+    "verl": "the cumulative sum of verl's own timing_s/step",
+    "openrlhf": "TensorBoard event wall time since the attempt's writer opened, less "
+                "evaluation time",
+    "prime-rl": "prime-rl's logged time of each step, less the start of its first step",
+    "rlbatch": "the run's own train_s (rlbatch train's phase timers)",
+}
+# what a converter says when a log has nothing in it yet (a command still starting)
+_NOTHING_YET = ("not found", "no TensorBoard event files", "no scalar events",
+                "no training steps or evaluations")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the command: its number, its log, whether that log is shared with the
+    other attempts, and the rollout step of the checkpoint it continued from (-1: a fresh
+    start, which replaces every earlier row; None: not known)."""
+
+    number: int
+    log: Path
+    shared: bool
+    resume_step: int | None
+
+
+def signature(paths: list[Path]) -> tuple:
+    """(path, size, mtime) of every file under `paths`: changes when a log grows."""
+    out = []
+    for root in paths:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) \
+            if root.is_dir() else []
+        for f in files:
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            out.append((str(f), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _nothing_yet(exc: Exception) -> bool:
+    return any(s in str(exc) for s in _NOTHING_YET)
+
+
+def _rlbatch_rows(root: Path) -> tuple[list, list, list]:
+    """The rows of the run `rlbatch train` writes below `root` (exactly one run folder)."""
+    runs = sorted(p for p in root.glob("*") if (p / "config.yaml").is_file()) \
+        if root.is_dir() else []
+    if not runs:
+        return [], [], []
+    if len(runs) > 1:
+        raise DataError(f"expected one run folder, found {len(runs)}", where=str(root))
+    steps, w1 = read_jsonl(runs[0] / "steps.jsonl")
+    evals, w2 = read_jsonl(runs[0] / "evals.jsonl")
+    return steps, evals, w1 + w2
+
+
+class Follower:
+    """The run-log rows of a command's attempts so far (`read`), converted again only when
+    a log changed."""
+
+    def __init__(self, framework: str, options):
+        self.framework, self.options = framework, options
+        self._sig: tuple | None = None
+        self._rows: tuple[list, list] = ([], [])
+        self.warnings: list[str] = []
+        self.conversions = 0  # reads that converted (a log had changed)
+        self.cpu_s = 0.0  # CPU seconds of every read, in all
+        self.last_cost_s = 0.0  # CPU seconds of the last read
+
+    def read(self, attempts: list[Attempt]) -> tuple[list, list, bool]:
+        """(step rows, evaluation rows, whether anything changed since the last read)."""
+        t0 = time.process_time()
+        try:
+            return self._read(attempts)
+        finally:
+            self.last_cost_s = time.process_time() - t0
+            self.cpu_s += self.last_cost_s
+
+    def _read(self, attempts: list[Attempt]) -> tuple[list, list, bool]:
+        sig = signature(sorted({a.log for a in attempts}))
+        if sig == self._sig:
+            return *self._rows, False
+        self._sig = sig
+        self.conversions += 1
+        steps, evals = [], []
+        shared_done = False
+        for a in attempts:
+            if a.shared:
+                if not shared_done:  # the framework resumes into this one log itself
+                    steps, evals = self._convert(a.log)
+                    shared_done = True
+                continue
+            new_steps, new_evals = self._convert(a.log)
+            steps, evals = join(steps, evals, new_steps, new_evals, a.resume_step)
+        self._rows = (steps, evals)
+        return steps, evals, True
+
+    def _convert(self, log: Path) -> tuple[list, list]:
+        if self.framework == "rlbatch":
+            steps, evals, warnings = _rlbatch_rows(log)
+        else:
+            from rlbatch.interop.ingest import convert
+
+            try:
+                conv = convert(self.framework, log, self.options)
+            except (ConfigError, DataError) as exc:
+                if _nothing_yet(exc):
+                    return [], []
+                raise
+            steps, evals, warnings = list(conv.steps), list(conv.evals), conv.warnings
+        for w in warnings:
+            if w not in self.warnings and "truncated" not in w:  # a line being written
+                self.warnings.append(w)
+        return steps, evals
+
+
+def join(steps: list, evals: list, new_steps: list, new_evals: list,
+         resume_step: int | None) -> tuple[list, list]:
+    """Rows of the attempts so far followed by one more attempt's rows: the earlier rows up
+    to the step it continued from (`resume_step`; -1 for a fresh start; where its own step
+    rows start when not known), then its rows, their `train_s` shifted by the earlier rows'
+    at that step."""
+    if resume_step is None:
+        if not new_steps:
+            return steps, evals
+        resume_step = new_steps[0]["step"] - 1
+    kept = [r for r in steps if r["step"] <= resume_step]
+    offset = kept[-1]["train_s"] if kept else 0.0
+    out_steps = kept + [_shift(r, offset) for r in new_steps if r["step"] > resume_step]
+    out_evals = [r for r in evals if r["step"] <= resume_step] + \
+        [_shift(r, offset) for r in new_evals if r["step"] > resume_step]
+    return out_steps, out_evals
+
+
+def _shift(row: dict, offset: float) -> dict:
+    if not offset or row.get("train_s") is None:
+        return row
+    return {**row, "train_s": row["train_s"] + offset}
+
+
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b"
+                         r"(?::.*)?$")
+_WRAPPERS = ("subprocess.CalledProcessError", "CalledProcessError")  # a launcher re-raising
+
+
+def output_tail(path: Path, limit: int = 600) -> str:
+    """What a failed command said, in one line: the last exception line of its output that
+    is not a launcher's (`accelerate launch`, `torchrun` re-raise a child's failure as
+    CalledProcessError), else its last non-blank line (sanitized by the error quoting it)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    # progress bars redraw with \r: keep what each line ended as
+    lines = [x for x in (y.rsplit("\r", 1)[-1].strip() for y in text.splitlines()) if x]
+    errors = [x for x in lines if _ERROR_LINE.match(x) and not x.startswith(_WRAPPERS)]
+    said = errors[-1] if errors else (lines[-1] if lines else "")
+    return said if len(said) <= limit else said[:limit - 3] + "..."

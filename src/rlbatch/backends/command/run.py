@@ -1,0 +1,320 @@
+"""`CommandRun`: one trial run as the user's own training command (`backend: command`).
+
+`rlbatch train` owns the trial's run directory as for any run (core/ownership.py), starts the
+command with the trial's overrides (interop/launch.py) in its own process group, and follows
+its log (follow.py) into the run log every `command.poll_s` seconds, or less often when the
+log is long: reading it takes at most `READ_SHARE` of one core. The run's status is
+judged from the rows as for the built-in trainer: the target, the budget and a STOP file
+(`rlbatch profile`'s early stops) end it, and then the command is stopped: SIGTERM to its
+group, SIGKILL after `command.stop_grace_s`. A command that exits with a non-zero status, or
+whose log does not grow for `command.idle_timeout_s`, fails the run with the tail of its
+output. A signal to `rlbatch train` stops the command the same way and is written down;
+`--resume` starts a new attempt, which continues from the framework's newest checkpoint.
+If `rlbatch train` is killed outright, the command gets SIGTERM from the kernel (Linux,
+PR_SET_PDEATHSIG), and a later attempt first stops whatever of an earlier one still runs
+(every process an attempt starts carries its token in its environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from rlbatch.backends.builtin.counters import Counters
+from rlbatch.backends.builtin.runstate import RunState, open_run, run_recorded
+from rlbatch.backends.command.follow import TRAIN_S_SOURCE, Attempt, Follower, output_tail
+from rlbatch.core.config import Config
+from rlbatch.core.errors import ConfigError, UserError
+from rlbatch.core.runlog import atomic_write_json, atomic_write_text, dumps_strict, read_json
+
+Callback = Callable[[str, dict], None]
+HOME = "command"  # the trial's folder for the command: attempts/, checkpoints, shared logs
+READ_SHARE = 0.05  # the most of one core that reading the command's log may take
+
+
+class CommandFailed(UserError):
+    """The command exited with a non-zero status, or stopped logging: one line with the
+    tail of its output."""
+
+
+def trial_spec(cfg: Config):
+    """The trial's settings in rlbatch units (interop/launch.py `TrialSpec`)."""
+    from rlbatch.interop.launch import TrialSpec
+
+    c = cfg.command
+    sets = ()
+    if c.framework == "rlbatch":  # the target and how the inner run ends are rlbatch's own keys
+        t = cfg.target
+        sets = (("target.metric", t.metric), ("budget.stop_at_target", cfg.budget.stop_at_target),
+                *((("target.value", t.value), ("target.gain", "null")) if t.value is not None
+                  else (("target.value", "null"), ("target.gain", t.gain))))
+    return TrialSpec(
+        framework=c.framework, algorithm=cfg.algorithm, prompts=cfg.batch.prompts_per_step,
+        samples_per_prompt=cfg.batch.samples_per_prompt,
+        minibatches=cfg.batch.minibatches_per_step, epochs=cfg.batch.epochs_per_step,
+        lr=cfg.actor_lr, critic_lr=cfg.critic_lr if cfg.algorithm == "ppo" else None,
+        seed=cfg.seed, eval_every_samples=cfg.eval.every_samples,
+        checkpoint_every_samples=cfg.checkpoint.every_samples or cfg.eval.every_samples,
+        max_samples=cfg.budget.max_samples, concurrency=cfg.rollout.generation_concurrency,
+        num_processes=c.num_processes, per_device_batch=c.per_device_batch, sets=sets)
+
+
+def check_command(cfg: Config) -> None:
+    """The program and working directory exist: one line naming `command.argv` or
+    `command.workdir` otherwise (before any run directory is made)."""
+    c = cfg.command
+    if c.workdir is not None and not Path(c.workdir).is_dir():
+        raise ConfigError(f"command.workdir: {c.workdir} is not a folder")
+    program = c.argv[0]
+    where = c.workdir or os.getcwd()
+    found = shutil.which(program) if os.sep not in program else \
+        (program if os.access(Path(where, program), os.X_OK) else None)
+    if found is None:
+        raise ConfigError(f"command.argv[0]: '{program}' is not an executable program on "
+                          f"PATH (or relative to {where})")
+
+
+TOKEN = "RLBATCH_COMMAND_TOKEN"  # in every process an attempt starts, whatever its group
+
+
+def marked(token: str) -> list[int]:
+    """The processes whose environment carries `TOKEN=token`: an attempt's command and all
+    it started, including those that left its process group (Linux /proc; elsewhere none)."""
+    needle = f"{TOKEN}={token}".encode()
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in env.read_bytes().split(b"\0"):
+                found.append(int(env.parent.name))
+        except (OSError, ValueError):
+            continue
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop_attempt(proc: subprocess.Popen | None, token: str, grace_s: float) -> None:
+    """SIGTERM to the command's process group and to every process of the attempt, SIGKILL
+    to what is left after `grace_s`; `proc` (when it is this process's child) is reaped."""
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    _signal_all(marked(token), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and (marked(token) or (proc and proc.poll() is None)):
+        time.sleep(0.1)
+    if proc is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    _signal_all(marked(token), signal.SIGKILL)
+    if proc is not None:
+        proc.wait()
+
+
+class CommandRun:
+    """One trial run as a foreign command; `run()` returns the summary. Same surface as the
+    built-in `Trainer` for the CLI: `.state`, `.cb`, `.run()`."""
+
+    def __init__(self, cfg: Config, *, resume: bool = False, fresh: bool = False,
+                 callback: Callback | None = None, build_progress: Callable | None = None):
+        from rlbatch.interop.ingest import IngestOptions
+
+        check_command(cfg)
+        self.cfg, self.spec = cfg, trial_spec(cfg)
+        self.cb = callback or (lambda kind, row: None)
+        self.proc: subprocess.Popen | None = None
+        self.state: RunState = open_run(cfg, resume=resume, fresh=fresh)
+        self.home = self.state.dir / HOME
+        if not self.state.finished and not self.state.resuming:
+            path = self.state.dir / "manifest.json"
+            atomic_write_json(path, {**read_json(path), "backend": f"command:{cfg.command.framework}",
+                                     "train_s_source": TRAIN_S_SOURCE[cfg.command.framework]})
+        self.follower = Follower(cfg.command.framework, IngestOptions(
+            prompts_per_step=cfg.batch.prompts_per_step,
+            samples_per_prompt=cfg.batch.samples_per_prompt, lr=cfg.actor_lr, seed=cfg.seed,
+            algorithm=cfg.algorithm))
+        self._written: tuple[list, list] = ([], [])
+        self.attempts: list[Attempt] = []
+        self.output = self.home / "output.log"
+
+    def run(self) -> dict:
+        return run_recorded(self.state, self._run, self._close)
+
+    # ---- the loop ----
+    def _run(self) -> dict:
+        st, c = self.state, self.cfg.command
+        st.truncate_logs()  # the run log is rebuilt from the command's own logs
+        self.attempts = self._start_attempt()
+        quiet_since = next_read = time.monotonic()
+        while True:
+            if time.monotonic() >= next_read:
+                if self._follow():
+                    quiet_since = time.monotonic()
+                # a long log costs more to read: at most READ_SHARE of one core goes to it
+                next_read = time.monotonic() + self.follower.last_cost_s / READ_SHARE
+            st.update_status()  # a STOP file is seen at every poll
+            code = self.proc.poll()
+            if self._stop_now():
+                stop_attempt(self.proc, self.token, c.stop_grace_s)
+                break
+            if code is not None:
+                self._follow()  # what it wrote last
+                self._ended(code)
+                break
+            if time.monotonic() - quiet_since > c.idle_timeout_s:
+                stop_attempt(self.proc, self.token, c.stop_grace_s)
+                if st.status == "running":
+                    raise self._failed(f"its log did not grow for {c.idle_timeout_s:g} s "
+                                       "(command.idle_timeout_s)")
+                break  # past its budget, the rows complete: stopped as it did not exit
+            time.sleep(c.poll_s)
+        self._set_extra()
+        return st.finish()
+
+    def _stop_now(self) -> bool:
+        """Whether the rows ended the run and the command must be stopped: a STOP file, the
+        target (budget.stop_at_target) or budget.max_train_s. At budget.max_samples the
+        command, given the same length, ends by itself (its last evaluation included)."""
+        st, budget = self.state, self.cfg.budget
+        if st.status == "running":
+            return False
+        if st.status == "stopped" or (st.c.target and budget.stop_at_target):
+            return True
+        return st.c.samples < budget.max_samples
+
+    def _start_attempt(self) -> list[Attempt]:
+        from rlbatch.interop.launch import launch
+
+        c = self.cfg.command
+        earlier = self._attempts()
+        for info in earlier:  # a command its killed follower left running
+            stop_attempt(None, info["token"], c.stop_grace_s)
+        folder = self.home / "attempts" / f"{len(earlier) + 1:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        ln = launch(self.spec, list(c.argv), folder, self.home)
+        # TRL logs optimizer steps: K of them make one rollout step
+        self.follower.options = replace(self.follower.options,
+                                        updates_per_step=ln.updates_per_step)
+        self.token = f"{self.state.dir.name}-{len(earlier) + 1}-{os.getpid()}-{time.time_ns()}"
+        env = {**os.environ, **c.env, **ln.env, "PYTHONUNBUFFERED": "1", TOKEN: self.token}
+        if os.environ.get("RLBATCH_THREADS") and "OMP_NUM_THREADS" not in c.env:
+            env["OMP_NUM_THREADS"] = os.environ["RLBATCH_THREADS"]  # the executor's share
+        self.output = folder / "output.log"
+        with open(self.output, "ab") as out:
+            # its own process group (stopped as a whole), dying with this process
+            # (exec_child.py)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rlbatch.backends.command.exec_child", str(os.getpid()),
+                 *ln.argv], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=c.workdir, env=env, start_new_session=True)
+        info = {"number": len(earlier) + 1, "argv": ln.argv, "env": {**c.env, **ln.env},
+                "log": str(ln.log), "shared": ln.shared, "resume_step": ln.resume_step,
+                "resume_from": None if ln.resume is None else str(ln.resume.path),
+                "settings": ln.settings, "pid": self.proc.pid, "token": self.token,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        atomic_write_text(folder / "attempt.json", dumps_strict(info, indent=2) + "\n")
+        return [Attempt(a["number"], Path(a["log"]), a["shared"], a["resume_step"])
+                for a in [*earlier, info]]
+
+    def _attempts(self) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted(
+            (self.home / "attempts").glob("*/attempt.json"))]
+
+    # ---- the run log ----
+    def _follow(self) -> bool:
+        """Read the logs; write what is new; count it; True when anything changed."""
+        from rlbatch.core.errors import DataError
+
+        try:
+            steps, evals, changed = self.follower.read(self.attempts)
+        except DataError as exc:
+            stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
+            raise self._failed(f"its log cannot be read: {exc}") from None
+        if changed:
+            self._write(steps, evals)
+            self._count(steps, evals)
+        self.state.update_status()
+        return changed
+
+    def _write(self, steps: list, evals: list) -> None:
+        """Append the new rows; rewrite both logs when earlier rows changed (an attempt that
+        continued from a checkpoint replaced them)."""
+        from rlbatch.core.runlog import RunWriter
+
+        old_steps, old_evals = self._written
+        st = self.state
+        if steps[:len(old_steps)] != old_steps or evals[:len(old_evals)] != old_evals:
+            st.writer.close()
+            for name, rows in (("steps.jsonl", steps), ("evals.jsonl", evals)):
+                atomic_write_text(st.dir / name, "".join(dumps_strict(r) + "\n" for r in rows))
+            st.writer = RunWriter(st.dir)
+            new_steps, new_evals = steps, evals
+        else:
+            new_steps, new_evals = steps[len(old_steps):], evals[len(old_evals):]
+            st.writer.log_converted(new_steps, new_evals)
+        self._written = (list(steps), list(evals))
+        for r in sorted([*(("step", r) for r in new_steps), *(("eval", r) for r in new_evals)],
+                        key=lambda kr: (kr[1]["step"], kr[0] == "eval")):
+            self.cb(*r)
+
+    def _count(self, steps: list, evals: list) -> None:
+        """The counters from the rows (the target crossing, the budget), as if logged now."""
+        st = self.state
+        st.c = Counters.fresh(self.cfg)
+        if steps:
+            last = steps[-1]
+            for key in ("step", "samples", "prompts", "tokens", "train_s"):
+                if last.get(key) is not None:
+                    setattr(st.c, key, last[key])
+            st.c.first_step_s = steps[0].get("train_s")
+        for row in evals:
+            st.record_eval(row, 0.0)
+        self._set_extra()
+        st.write_summary()
+
+    # ---- the end ----
+    def _ended(self, code: int) -> None:
+        st = self.state
+        if code != 0:
+            raise self._failed(f"exited with status {code}")
+        if not self._written[0]:
+            raise self._failed("exited 0 without logging a training step")
+        if st.status == "running":  # it ended by its own rule (an epoch limit, say)
+            st.c.status = "target_reached" if st.c.target else "budget_exhausted"
+
+    def _failed(self, why: str) -> CommandFailed:
+        """The one-line failure: the program, why, how far it got, its output's tail."""
+        self._set_extra()
+        tail = output_tail(self.output)
+        steps = len(self._written[0])
+        return CommandFailed(f"{self.cfg.command.argv[0]} {why} after {steps} logged step(s)"
+                             + (f": {tail}" if tail else "")
+                             + f" (its output: {self.output})", where="command")
+
+    def _set_extra(self) -> None:
+        """summary.json's `command`: the framework, attempts, exit status, timing source and
+        the converter's warnings."""
+        f = self.follower
+        self.state.extra = {"command": {
+            "framework": self.cfg.command.framework, "attempts": len(self.attempts),
+            "exit_status": None if self.proc is None else self.proc.returncode,
+            "train_s_source": TRAIN_S_SOURCE[self.cfg.command.framework],
+            "output": str(self.output), "log_reads": f.conversions,
+            "log_read_cpu_s": f.cpu_s, "warnings": f.warnings[:20]}}
+
+    def _close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)

@@ -1,0 +1,86 @@
+"""A stand-in training command for the tests of rlbatch's process control (tests/test_command.py):
+it trains nothing, and writes lines in the format of verl's file logger
+(`{"step": N, "data": {...}}`, to $VERL_FILE_LOGGER_PATH) with the Hydra overrides rlbatch
+appends for verl, so that following, stopping, failing and resuming can be tested without a
+GPU. It is not verl: the real third-party trainer of these tests is TRL's `trl grpo`.
+
+It reads `data.train_batch_size`, `actor_rollout_ref.rollout.n`, `trainer.total_training_steps`,
+`trainer.test_freq`, `trainer.save_freq` and `trainer.default_local_dir` from its arguments,
+"checkpoints" by writing `latest_checkpointed_iteration.txt` and a `global_step_N` folder
+there, and resumes from it as verl's `resume_mode=auto` does (first step N + 1). The reward
+of step s is s / total (a rising curve; validation logs it as `val-core/x/reward/mean@1`).
+Behaviour from the environment:
+
+- LOG_WRITER_STEP_S: seconds per step (default 0.05);
+- LOG_WRITER_CRASH_AT: raise at this step (after logging the one before);
+- LOG_WRITER_HANG_AT: stop logging at this step and sleep;
+- LOG_WRITER_PIDS: a folder to write this process's PID (and a child's) into;
+- LOG_WRITER_CHILD: start a child process that sleeps (it must die with the group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _args(argv: list[str]) -> dict:
+    out = {}
+    for word in argv:
+        key, eq, value = word.partition("=")
+        if eq:
+            out[key.lstrip("+")] = value
+    return out
+
+
+def main(argv: list[str]) -> int:
+    a = _args(argv)
+    p, g = int(a["data.train_batch_size"]), int(a["actor_rollout_ref.rollout.n"])
+    total = int(a["trainer.total_training_steps"])
+    test_freq, save_freq = int(a["trainer.test_freq"]), int(a["trainer.save_freq"])
+    ckpt = Path(a["trainer.default_local_dir"])
+    step_s = float(os.environ.get("LOG_WRITER_STEP_S", "0.05"))
+    crash_at = int(os.environ.get("LOG_WRITER_CRASH_AT", "0"))
+    hang_at = int(os.environ.get("LOG_WRITER_HANG_AT", "0"))
+    if os.environ.get("LOG_WRITER_PIDS"):
+        pids = Path(os.environ["LOG_WRITER_PIDS"])
+        (pids / f"{os.getpid()}.pid").write_text(str(os.getpid()))
+        if os.environ.get("LOG_WRITER_CHILD"):
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+            (pids / f"{child.pid}.pid").write_text(str(child.pid))
+    try:
+        start = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    except OSError:
+        start = 0
+    log = open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0)  # noqa: SIM115
+
+    def write(step: int, data: dict) -> None:
+        log.write((json.dumps({"step": step, "data": data}) + "\n").encode())
+
+    if a.get("trainer.val_before_train") == "true":
+        write(start, {"val-core/x/reward/mean@1": start / total})
+    print(f"stand-in trainer: steps {start + 1}..{total} of {p} x {g}", flush=True)
+    for step in range(start + 1, total + 1):
+        if step == crash_at:
+            raise RuntimeError(f"stand-in trainer: crash at step {step}")
+        if step == hang_at:
+            time.sleep(3600)
+        time.sleep(step_s)
+        data = {"timing_s/step": step_s, "timing_s/gen": step_s / 2,
+                "response_length/mean": 5.0, "critic/score/mean": step / total,
+                "actor/lr": 1e-4, "actor/pg_loss": 0.0, "actor/grad_norm": 1.0}
+        if step % test_freq == 0:
+            data["val-core/x/reward/mean@1"] = step / total
+        write(step, data)
+        if step % save_freq == 0:
+            (ckpt / f"global_step_{step}").mkdir(parents=True, exist_ok=True)
+            (ckpt / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,311 @@
+"""`backend: command`: a trial as the user's own training command (issue 29; docs/integrations.md).
+
+What is tested here, without a model: the words appended for each framework (interop/launch.py),
+joining attempts (backends/command/follow.py), and the process control of `rlbatch train`
+with a command (backends/command/run.py): a finished command, a crash, a hang, a STOP file, a
+signal and a resume. The command in these tests is tests/helpers/log_writer.py, a stand-in
+that writes verl's file-logger format and trains nothing; the real third-party trainer is in
+tests/test_command_trl.py (TRL's own `trl grpo`). The real frameworks' option names are
+checked in tests/test_framework_keys.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers.cli import run_cli
+from helpers.procs import alive
+from rlbatch.backends.command.follow import Attempt, Follower, join, output_tail
+from rlbatch.core.runlog import STOP_FILE, read_json, read_jsonl
+from rlbatch.interop.ingest import IngestOptions, convert
+from rlbatch.interop.launch import TrialSpec, launch
+
+HELPERS = Path(__file__).resolve().parent / "helpers"
+WRITER = [sys.executable, str(HELPERS / "log_writer.py")]
+METRIC = "eval/x/reward/mean@1"
+
+
+def _spec(framework: str, **kw) -> TrialSpec:
+    base = {"framework": framework, "algorithm": "grpo", "prompts": 16,
+            "samples_per_prompt": 8, "minibatches": 1, "epochs": 1, "lr": 1.5e-4,
+            "critic_lr": None, "seed": 7, "eval_every_samples": 512,
+            "checkpoint_every_samples": 1024, "max_samples": 4096, "concurrency": 64}
+    return TrialSpec(**{**base, **kw})
+
+
+def _pairs(argv: list[str]) -> dict:
+    return dict(w.split("=", 1) for w in argv if "=" in w)
+
+
+# ---------------------------------------------------------------- the words appended
+def test_verl_overrides_convert_samples_to_rollout_steps_and_resume(tmp_path):
+    spec = _spec("verl")
+    ln = launch(spec, ["python3", "-m", "verl.trainer.main_ppo"], tmp_path / "a1", tmp_path)
+    kv = _pairs(ln.argv)
+    assert ln.argv[:3] == ["python3", "-m", "verl.trainer.main_ppo"]  # the user's words first
+    assert kv["data.train_batch_size"] == "16" and kv["actor_rollout_ref.rollout.n"] == "8"
+    assert kv["actor_rollout_ref.actor.optim.lr"] == "0.00015"
+    assert kv["trainer.test_freq"] == "4" and kv["trainer.save_freq"] == "8"  # 512 / 128 ...
+    assert kv["trainer.total_training_steps"] == "32"  # 4096 / 128
+    assert kv["data.seed"] == "7" and kv["actor_rollout_ref.rollout.max_num_seqs"] == "64"
+    assert kv["trainer.val_before_train"] == "true" and ln.resume_step == -1
+    assert ln.env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "a1" / "verl.jsonl")
+    # a checkpoint verl would resume from: validation is not repeated, rows after step 8 go
+    ckpt = tmp_path / "verl-checkpoints"
+    (ckpt / "global_step_8").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("8")
+    again = launch(spec, ["v"], tmp_path / "a2", tmp_path)
+    assert _pairs(again.argv)["trainer.val_before_train"] == "false"
+    assert again.resume_step == 8 and again.log != ln.log  # verl truncates its log file
+
+
+def test_trl_flags_count_optimizer_steps_and_resume_from_the_newest_checkpoint(tmp_path):
+    spec = _spec("trl", per_device_batch=32, minibatches=2)  # B 128, 4 micro-steps, 2 updates
+    ln = launch(spec, ["trl", "grpo"], tmp_path / "a1", tmp_path)
+    words = ln.argv
+    flag = {words[i][2:]: words[i + 1] for i in range(2, len(words), 2)}
+    assert flag["steps_per_generation"] == "4" and flag["gradient_accumulation_steps"] == "2"
+    assert ln.updates_per_step == 2
+    assert flag["max_steps"] == "64" and flag["eval_steps"] == "8" and flag["save_steps"] == "16"
+    assert flag["eval_on_start"] == "true" and "resume_from_checkpoint" not in flag
+    assert ln.env["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "a1" / "tensorboard")
+    out = tmp_path / "trl-output"
+    for n, complete in ((16, True), (32, True), (48, False)):  # 48: cut before its state
+        (out / f"checkpoint-{n}").mkdir(parents=True)
+        if complete:
+            (out / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
+    again = launch(spec, ["trl", "grpo"], tmp_path / "a2", tmp_path)
+    assert again.argv[again.argv.index("--resume_from_checkpoint") + 1] == \
+        str(out / "checkpoint-32")
+    assert again.resume_step == 16 and "--eval_on_start" not in again.argv
+
+
+def test_openrlhf_prime_rl_and_rlbatch_words(tmp_path):
+    o = launch(_spec("openrlhf"), ["ray", "job", "--", "python3", "-m",
+                                   "openrlhf.cli.train_ppo_ray"], tmp_path / "o", tmp_path)
+    flags = o.argv[6:]
+    assert flags[flags.index("--rollout.batch_size") + 1] == "16"
+    assert flags[flags.index("--train.batch_size") + 1] == "128"  # samples per update
+    assert flags[flags.index("--eval.steps") + 1] == "4" and flags[-1] == "--ckpt.load_enable"
+    assert flags[flags.index("--data.max_samples") + 1] == str(32 * 16)  # prompts of 32 steps
+    p = launch(_spec("prime-rl"), ["uv", "run", "rl", "@", "rl.toml"], tmp_path / "p", tmp_path)
+    assert p.argv[p.argv.index("--orchestrator.batch-size") + 1] == "128"
+    assert p.argv[p.argv.index("--max-steps") + 1] == "32" and "--resume" not in p.argv
+    assert p.shared and p.log == tmp_path / "prime-rl" / "trial" / "metrics.jsonl"
+    (tmp_path / "prime-rl" / "trial" / "checkpoints" / "step_8").mkdir(parents=True)
+    p2 = launch(_spec("prime-rl"), ["rl"], tmp_path / "p2", tmp_path)
+    assert "--resume" in p2.argv and p2.resume_step == 8
+    r = launch(_spec("rlbatch"), ["rlbatch", "train", "base.yaml"], tmp_path / "r", tmp_path)
+    sets = [r.argv[i + 1] for i, w in enumerate(r.argv) if w == "--set"]
+    assert "optimizer.lr=0.00015" in sets and "batch.prompts_per_step=16" in sets
+    assert r.argv[-4:] == ["--out", str(tmp_path / "rlbatch-runs"), "--resume", "--json"]
+    assert r.shared and r.resume_step == -1  # rlbatch train resumes itself, into one log
+
+
+# ---------------------------------------------------------------- joining attempts
+def _rows(steps, t0=0.0, dt=1.0):
+    return [{"step": s, "samples": 8 * s, "train_s": t0 + dt * (i + 1)}
+            for i, s in enumerate(steps)]
+
+
+def test_a_resumed_attempt_replaces_rows_after_its_checkpoint_and_continues_the_clock():
+    first = _rows([1, 2, 3, 4, 5])  # killed after step 5; its checkpoint was step 3
+    evals = [{"step": 2, "samples": 16, "train_s": 2.0}, {"step": 4, "samples": 32, "train_s": 4.0}]
+    second = _rows([4, 5, 6], dt=2.0)  # the new attempt's own clock starts at 0
+    steps, ev = join(first, evals, second, [{"step": 6, "samples": 48, "train_s": 6.0}], 3)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert [r["train_s"] for r in steps] == [1.0, 2.0, 3.0, 5.0, 7.0, 9.0]
+    assert [(e["step"], e["train_s"]) for e in ev] == [(2, 2.0), (6, 9.0)]
+    # a fresh start (-1) replaces everything; an unknown checkpoint cuts where rows start
+    assert join(first, evals, _rows([1]), [], -1)[0] == _rows([1])
+    assert [r["step"] for r in join(first, evals, _rows([5, 6]), [], None)[0]] == \
+        [1, 2, 3, 4, 5, 6]
+
+
+def test_following_a_growing_log_converts_only_when_it_changes(tmp_path):
+    log = tmp_path / "verl.jsonl"
+    log.write_text("")
+    opts = IngestOptions(prompts_per_step=16, samples_per_prompt=8, lr=1e-4)
+    follower = Follower("verl", opts)
+    attempts = [Attempt(1, log, False, -1)]
+    assert follower.read(attempts) == ([], [], True)  # nothing logged yet is not an error
+    lines = [json.dumps({"step": s, "data": {"timing_s/step": 0.5, "critic/score/mean": s / 4,
+                                             "response_length/mean": 5.0}}) for s in (1, 2, 3)]
+    with open(log, "a") as fh:
+        fh.write(lines[0] + "\n" + lines[1][:20])  # a line cut mid-write waits for the rest
+        fh.flush()
+        steps, _, changed = follower.read(attempts)
+        assert changed and [r["step"] for r in steps] == [1]
+        assert follower.read(attempts)[2] is False and follower.conversions == 2
+        fh.write(lines[1][20:] + "\n" + lines[2] + "\n")
+    steps, _, _ = follower.read(attempts)
+    assert steps == list(convert("verl", log, opts).steps)  # what `rlbatch ingest` reads
+    assert [r["train_s"] for r in steps] == [0.5, 1.0, 1.5]
+
+
+def test_output_tail_names_the_exception_not_the_launcher(tmp_path):
+    out = tmp_path / "output.log"
+    out.write_text("loading\n  File x, line 3\nRuntimeError: reward server refused\n"
+                   "Traceback (most recent call last):\n  File y\n"
+                   "subprocess.CalledProcessError: Command '[...]' returned non-zero exit "
+                   "status 1.\n")
+    assert output_tail(out) == "RuntimeError: reward server refused"
+    out.write_text("step 1\rstep 2\rKilled\n")
+    assert output_tail(out) == "Killed"
+
+
+# ---------------------------------------------------------------- rlbatch train with a command
+def _config(tmp_path: Path, **env) -> Path:
+    cfg = {"extends": "grpo-tiny", "name": "stand-in", "backend": "command",
+           "command": {"framework": "verl", "argv": WRITER, "poll_s": 0.1,
+                       "idle_timeout_s": 5, "stop_grace_s": 2,
+                       "env": {k: str(v) for k, v in env.items()}},
+           "batch": {"prompts_per_step": 4, "samples_per_prompt": 8},
+           "optimizer": {"reference_sequences": 32, "reference_lr": 1e-4},
+           "target": {"metric": METRIC, "value": 0.9, "gain": None},
+           "budget": {"max_samples": 640, "stop_at_target": False},
+           "eval": {"every_samples": 64}, "checkpoint": {"every_samples": 128},
+           "output_dir": str(tmp_path / "runs")}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    return next(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
+
+
+def test_a_command_runs_to_its_budget_and_its_rows_are_what_ingest_reads(tmp_path, capsys):
+    code, out, err = run_cli(["train", _config(tmp_path), "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["status"] == "target_reached" and summary["samples"] == 640  # 20 steps
+    run = _run_dir(tmp_path)
+    steps, evals = read_jsonl(run / "steps.jsonl")[0], read_jsonl(run / "evals.jsonl")[0]
+    log = run / "command" / "attempts" / "001" / "verl.jsonl"
+    conv = convert("verl", log, IngestOptions(prompts_per_step=4, samples_per_prompt=8))
+    assert steps == list(conv.steps) and evals == list(conv.evals)
+    assert [e["step"] for e in evals] == [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
+    assert summary["target"]["samples"] == 576  # the first evaluation >= 0.9: step 18
+    manifest = read_json(run / "manifest.json")
+    assert manifest["backend"] == "command:verl"
+    assert summary["command"]["train_s_source"] == manifest["train_s_source"]
+    # run again: a finished run is not started again
+    code, out, _ = run_cli(["train", _config(tmp_path), "--json"], capsys)
+    assert code == 0 and not (run / "command" / "attempts" / "002").exists()
+
+
+def test_a_crashing_command_fails_the_run_in_one_line(tmp_path, capsys):
+    code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_CRASH_AT=5)], capsys)
+    lines = [x for x in err.strip().splitlines() if not x.startswith("stand-in: ")]  # progress
+    assert code == 2 and len(lines) == 1, err
+    assert "exited with status 1 after 4 logged step(s): RuntimeError: stand-in trainer: " \
+           "crash at step 5" in lines[0]
+    summary = read_json(_run_dir(tmp_path) / "summary.json")
+    assert summary["status"] == "failed" and summary["steps"] == 4
+    assert summary["failure"] == lines[0][len("error: "):]
+
+
+def test_a_silent_command_is_stopped_and_fails_after_the_idle_timeout(tmp_path, capsys):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_HANG_AT=3,
+                                             LOG_WRITER_PIDS=pids, LOG_WRITER_CHILD=1)],
+                           capsys)
+    assert code == 2 and "its log did not grow for 5 s (command.idle_timeout_s) after 2 " \
+                          "logged step(s)" in err
+    for f in pids.iterdir():  # the command and its child: the whole group is gone
+        assert not alive(int(f.read_text()))
+
+
+def _wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def _train(config: Path, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rlbatch.cli.main", "train", str(config),
+                             "--json", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _steps(tmp_path: Path) -> list[dict]:
+    runs = tmp_path / "runs"
+    if not runs.exists() or not any(runs.iterdir()):
+        return []
+    return read_jsonl(_run_dir(tmp_path) / "steps.jsonl")[0]
+
+
+def test_a_stop_file_stops_the_command_as_a_profile_early_stop_does(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = _train(_config(tmp_path, LOG_WRITER_STEP_S=0.3, LOG_WRITER_PIDS=pids,
+                          LOG_WRITER_CHILD=1))
+    _wait_for(lambda: len(_steps(tmp_path)) >= 2)
+    (_run_dir(tmp_path) / STOP_FILE).write_text("cannot_win: a test")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["status"] == "stopped" and summary["stop_code"] == "cannot_win"
+    assert summary["samples"] < 640
+    for f in pids.iterdir():
+        assert not alive(int(f.read_text()))
+
+
+def test_sigterm_is_written_down_and_resume_continues_from_the_checkpoint(tmp_path):
+    """Killed after step 5 (its checkpoint: step 4), resumed: the rows of steps 5.. come from
+    the second attempt, train_s runs on from step 4's, nothing is lost or logged twice."""
+    config = _config(tmp_path, LOG_WRITER_STEP_S=0.3)
+    proc = _train(config)
+    _wait_for(lambda: len(_steps(tmp_path)) >= 5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    run = _run_dir(tmp_path)
+    first = read_jsonl(run / "steps.jsonl")[0]
+    assert read_json(run / "summary.json")["failure"] == "terminated by SIGTERM"
+    kept = [r for r in first if r["step"] <= 4]
+    resumed = _train(config, "--resume")
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    steps = read_jsonl(run / "steps.jsonl")[0]
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    assert steps[:4] == kept  # the first attempt's rows up to its checkpoint, unchanged
+    t = [r["train_s"] for r in steps]
+    assert all(b > a for a, b in itertools.pairwise(t)) and t[4] == pytest.approx(t[3] + 0.3)
+    second = json.loads((run / "command" / "attempts" / "002" / "attempt.json").read_text())
+    assert second["resume_step"] == 4
+    assert _pairs(second["argv"])["trainer.val_before_train"] == "false"
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["command"]["attempts"] == 2 and summary["steps"] == 20
+
+
+def test_bad_command_config_is_one_line_before_anything_is_written(tmp_path, capsys):
+    path = _config(tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["command"]["argv"] = ["no-such-trainer-program"]
+    path.write_text(yaml.safe_dump(cfg))
+    code, _, err = run_cli(["train", path], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        ("error: command.argv[0]: 'no-such-trainer-program' is not an executable program on "
+         f"PATH (or relative to {os.getcwd()})")]
+    assert not (tmp_path / "runs").exists()
+    code, _, err2 = run_cli(["config", "check", path], capsys)  # checks what train checks
+    assert code == 2 and err2 == err
+    code, _, err = run_cli(["train", "--preset", "grpo-tiny", "--set", "backend=command"],
+                           capsys)
+    assert code == 2 and "backend: command and a command: section go together" in err

@@ -1,0 +1,141 @@
+"""`rlbatch profile` with command trials (issue 29): `rlbatch train` itself as the foreign
+command gives the decision that the built-in analysis gives on the same runs (acceptance 2),
+and trials submitted as jobs to a local Ray cluster that the test starts (acceptance 3).
+
+The first test trains the tiny model through an inner `rlbatch train`: what it assumes of the
+machine's arithmetic is that GRPO from the warm start gains 0.1 held-out accuracy within
+16,384 samples for both baseline seeds (it gained 0.2 within about 4k wherever measured).
+Its assertions are equalities between two readings of the same rows, true wherever the runs
+land. The Ray test's command is tests/helpers/log_writer.py, a stand-in that writes verl's log
+format (a reward rising with samples the same way at every B), so it needs no model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlbatch.analysis.analyze import analyze
+from rlbatch.analysis.crossing import Target
+from rlbatch.core.runlog import read_json, read_jsonl
+
+HELPERS = Path(__file__).resolve().parent / "helpers"
+RLBATCH = [sys.executable, "-m", "rlbatch.cli.main"]
+
+
+def _profile(config: Path, out: Path, *extra: str) -> dict:
+    proc = subprocess.run([*RLBATCH, "profile", str(config), "--out", str(out), "--json",
+                           *extra], capture_output=True, text=True, check=False, timeout=1800,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _trial_dirs(out: Path) -> dict[str, Path]:
+    return {e["trial"]: Path(e["run_dir"]) for e in read_jsonl(out / "journal.jsonl")[0]
+            if e["event"] == "started"}
+
+
+# ---------------------------------------------------------------- rlbatch train as a command
+@pytest.mark.trained
+def test_rlbatch_train_as_a_command_decides_as_the_builtin_analysis_of_its_runs(
+        tiny_model_dir, tmp_path):
+    cfg = {"extends": "grpo-tiny", "name": "as-command", "backend": "command",
+           "command": {"framework": "rlbatch", "poll_s": 0.3,
+                       "argv": [*RLBATCH, "train", "--preset", "grpo-tiny",
+                                "--set", "eval.prompts=256"]},
+           "target": {"metric": "eval/accuracy", "value": None, "gain": 0.1},
+           "budget": {"max_samples": 16384}, "eval": {"every_samples": 256, "prompts": 256},
+           "checkpoint": {"every_samples": 2048},
+           "profile": {"prompts_per_step": [32], "seeds": 1, "confirm_seeds": 1,
+                       "fixed_lr_control": False, "concurrency": [], "min_evaluations": 3}}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    doc = _profile(config, tmp_path / "p")
+    profile = read_json(tmp_path / "p" / "profile.json")
+    followed = {n: d for n, d in _trial_dirs(tmp_path / "p").items()}
+    inner = {}
+    for name, run in followed.items():  # each trial's rows are its inner run's rows
+        (own,) = [p for p in (run / "command" / "rlbatch-runs").iterdir() if p.is_dir()]
+        inner[name] = own
+        for log in ("steps.jsonl", "evals.jsonl"):
+            assert read_jsonl(run / log)[0] == read_jsonl(own / log)[0], (name, log)
+    # the built-in analysis of the inner runs, as the profile analyses its trials
+    ref = str(inner["base-P16-s0"])
+    builtin = analyze([str(d) for d in inner.values()], Target("eval/accuracy", None, gain=0.1),
+                      reference_run=ref, margin=profile["analysis"]["settings"]["margin"],
+                      statistic=profile["analysis"]["settings"]["statistic"])
+
+    def by_batch(result: dict) -> dict:
+        return {(c["sequences_per_step"], round(c["lr"], 12)): (
+            c["verdict"], c["time_to_target"], c["samples_to_target"], len(c["runs"]))
+            for c in result["configs"]}
+
+    assert by_batch(builtin) == by_batch(profile["analysis"])
+    rec, mine = builtin["recommendation"], doc["decision"]
+    assert (rec["sequences_per_step"], rec["lr"], rec["evidence"]) == \
+        (mine["sequences_per_step"], mine["lr"], mine["evidence"])
+
+
+# ---------------------------------------------------------------- Ray jobs
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_cluster(tmp_path):
+    """A local Ray head with its dashboard (the job server); its address; stopped after."""
+    pytest.importorskip("ray.job_submission")
+    pytest.importorskip("aiohttp")  # ray[default]: the dashboard that serves jobs
+    ray = Path(sys.executable).parent / "ray"
+    port, dash = _free_port(), _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    start = subprocess.run([str(ray), "start", "--head", "--num-cpus", "2", "--port", str(port),
+                            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
+                            "--include-dashboard", "true", "--disable-usage-stats"],
+                           capture_output=True, text=True, check=False, timeout=300, env=env)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        yield f"http://127.0.0.1:{dash}"
+    finally:
+        subprocess.run([str(ray), "stop", "--force"], capture_output=True, check=False,
+                       timeout=120, env=env)
+
+
+def test_trials_run_as_jobs_on_a_ray_cluster(ray_cluster, tmp_path):
+    from ray.job_submission import JobSubmissionClient
+
+    cfg = {"extends": "grpo-tiny", "name": "ray-jobs", "backend": "command",
+           "command": {"framework": "verl", "poll_s": 0.2,
+                       "argv": [sys.executable, str(HELPERS / "log_writer.py")]},
+           "batch": {"prompts_per_step": 4, "samples_per_prompt": 8},
+           "optimizer": {"reference_sequences": 32, "reference_lr": 1e-4},
+           "target": {"metric": "eval/x/reward/mean@1", "value": 0.5, "gain": None},
+           "budget": {"max_samples": 1024}, "eval": {"every_samples": 64},
+           "checkpoint": {"every_samples": 256},
+           "profile": {"prompts_per_step": [8], "seeds": 1, "confirm_seeds": 0,
+                       "fixed_lr_control": False, "concurrency": [], "min_evaluations": 3}}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "p"
+    doc = _profile(config, out, "--executor", "ray-job", "--address", ray_cluster,
+                   "--trial-cpus", "1")
+    assert doc["decision"] is not None and not doc["failed_trials"]
+    jobs = {j.submission_id: j for j in JobSubmissionClient(ray_cluster).list_jobs()}
+    for name, run in _trial_dirs(out).items():
+        log = (out / "logs" / f"{name}.log").read_text()
+        job = log.splitlines()[0].split()[-1]  # `ray job <id>`, then the job's own output
+        assert str(jobs[job].status) in ("SUCCEEDED", "JobStatus.SUCCEEDED")
+        assert f"Running entrypoint for job {job}" in log
+        assert jobs[job].entrypoint.endswith(f"train {out / 'trials' / name}.yaml --resume "
+                                             "--json")
+        assert read_json(run / "summary.json")["status"] == "target_reached"

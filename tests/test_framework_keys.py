@@ -1,0 +1,160 @@
+"""Every setting rlbatch emits for another framework exists there (issue 29, point 5), checked
+against the framework itself, so that a renamed key fails here and not in a user's job:
+
+- verl: its own Hydra config (the `ppo_trainer` config of the installed wheel, composed with
+  hydra-core) with the overrides of `rlbatch plan` and of a command trial; an unknown key
+  fails composition;
+- OpenRLHF: the flags its PPO entry point defines (every `add_argument` of
+  `openrlhf/cli/train_ppo_ray.py` in the installed wheel, read with `ast`, not imported);
+- prime-rl: the names confirmed in docs/integrations.md ("prime-rl names"), each there with
+  the source file that defines it.
+
+`make setup` installs verl and OpenRLHF without their dependencies (`pip install --no-deps`,
+so they cannot replace torch), only for these files: neither is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from rlbatch.interop.ingest import openrlhf as openrlhf_ingest
+from rlbatch.interop.ingest.common import FrameworkConfig
+from rlbatch.interop.launch import TrialSpec, launch
+from rlbatch.interop.plan import make_plan
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "integrations.md"
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)  # a top-level package: found, not imported
+    assert spec is not None and spec.submodule_search_locations, (
+        f"{name} is not installed: `make setup` installs it with --no-deps for these tests")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _specs(framework: str) -> list[TrialSpec]:
+    base = {"framework": framework, "prompts": 64, "samples_per_prompt": 8, "minibatches": 4,
+            "epochs": 2, "lr": 2e-6, "seed": 3, "eval_every_samples": 4096,
+            "checkpoint_every_samples": 8192, "max_samples": 65536, "concurrency": 128}
+    return [TrialSpec(algorithm="grpo", critic_lr=None, **base),
+            TrialSpec(algorithm="ppo", critic_lr=9e-6, **base)]
+
+
+def _plan_settings(framework: str) -> list[dict]:
+    """`rlbatch plan`'s settings for a base with warm-up, a step budget and mini-batches, GRPO
+    and PPO."""
+    out = []
+    for critic in (None, 9e-6):
+        base = FrameworkConfig(framework=framework, prompts_per_step=128, samples_per_prompt=8,
+                               lr=1e-6, critic_lr=critic, mini_batch_prompts=32,
+                               warmup_steps=10, total_steps=500)
+        out += [c["settings"] for c in make_plan(base, [64, 256], per_device_batch=8)
+                ["candidates"]]
+    return out
+
+
+# ---------------------------------------------------------------- verl
+def _compose_verl(overrides: list[str]):
+    pytest.importorskip("hydra")
+    from hydra import compose, initialize_config_dir
+
+    config_dir = _package_dir("verl") / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def _select(cfg, key: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, throw_on_missing=False)
+
+
+def test_verl_composes_every_override_of_a_trial_and_of_plan(tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    must = ["actor_rollout_ref.rollout.name=vllm"]  # mandatory (???) in verl's own config
+    for spec in _specs("verl"):
+        ln = launch(spec, [], tmp_path / "a", tmp_path)
+        appended = [w for w in ln.argv if not w.startswith("+")]
+        cfg = _compose_verl(must + appended)
+        for word in appended:  # each value arrived under its key
+            key, value = word.split("=", 1)
+            got = _select(cfg, key)
+            assert str(got).lower() == value.lower() or \
+                (isinstance(got, (int, float)) and float(got) == float(value)) or \
+                (key == "trainer.logger" and list(got) == ["console", "file"]), (key, got)
+        # the runtime env the log path is appended under exists (a `+` key is never refused)
+        assert _select(cfg, "ray_kwargs.ray_init.runtime_env") is not None
+    for settings in _plan_settings("verl"):
+        _compose_verl(must + [f"{k}={v}" for k, v in settings.items()])
+    with pytest.raises(ConfigCompositionException, match="Could not override"):
+        _compose_verl([*must, "trainer.test_freqq=2"])  # the check can fail
+
+
+# ---------------------------------------------------------------- OpenRLHF
+def openrlhf_flags(path: Path) -> set[str]:
+    """Every option string of `parser.add_argument(...)` in the file: literal names, and
+    f-string names inside `for NAME in (constants):` loops expanded over the constants."""
+    tree = ast.parse(path.read_text())
+    flags: set[str] = set()
+
+    def visit(node, env: dict) -> None:
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and \
+                isinstance(node.iter, (ast.Tuple, ast.List)):
+            for value in (e.value for e in node.iter.elts if isinstance(e, ast.Constant)):
+                for child in node.body:
+                    visit(child, {**env, node.target.id: value})
+            return
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    flags.add(arg.value)
+                elif isinstance(arg, ast.JoinedStr):
+                    flags.add("".join(str(v.value) if isinstance(v, ast.Constant) else
+                                      env[v.value.id] for v in arg.values))
+        for child in ast.iter_child_nodes(node):
+            visit(child, env)
+
+    visit(tree, {})
+    return flags
+
+
+def test_openrlhf_defines_every_flag_of_a_trial_plan_and_ingest(tmp_path):
+    flags = openrlhf_flags(_package_dir("openrlhf") / "cli" / "train_ppo_ray.py")
+    assert len(flags) > 100 and "--actor.adam.lr" in flags  # the loop over actor, critic
+    emitted = set()
+    for spec in _specs("openrlhf"):
+        emitted |= {w for w in launch(spec, [], tmp_path / "a", tmp_path).argv
+                    if w.startswith("--")}
+    for settings in _plan_settings("openrlhf"):
+        emitted |= set(settings)
+    emitted |= set(openrlhf_ingest.DOTTED.values())  # what ingest reads from launch scripts
+    assert sorted(emitted - flags) == []
+    assert "--train.max_steps" not in flags  # the check can fail: no such flag exists
+
+
+# ---------------------------------------------------------------- prime-rl
+def confirmed_prime_rl_names() -> set[str]:
+    """The names of the table under "### prime-rl names" in docs/integrations.md."""
+    text = DOCS.read_text()
+    section = text.split("### prime-rl names", 1)[1].split("\n#", 1)[0]
+    return {m.group(1) for m in re.finditer(r"^\| `([^`]+)` \|", section, re.MULTILINE)}
+
+
+def test_prime_rl_flags_are_the_names_confirmed_in_the_docs(tmp_path):
+    names = confirmed_prime_rl_names()
+    assert "orchestrator.batch_size" in names and "max_steps" in names
+    emitted = set()
+    for spec in _specs("prime-rl"):
+        ln = launch(spec, [], tmp_path / "a", tmp_path)
+        emitted |= set(ln.settings)
+        emitted |= {w[2:].replace("-", "_") for w in ln.argv
+                    if w.startswith("--") and w[2:].replace("-", "_") not in ln.settings}
+    for settings in _plan_settings("prime-rl"):
+        emitted |= set(settings)
+    assert sorted(emitted - names) == []
