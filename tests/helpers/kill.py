@@ -81,20 +81,37 @@ def kill(proc: subprocess.Popen) -> None:
 
 @dataclass(frozen=True)
 class Schedule:
-    """The sample marks of the run under test: sequences per step, cadences, budget."""
+    """The sample marks of the run under test: sequences per step, cadences, budget, and for a
+    run with a stepwise `batch.schedule` its points ((samples, B), ...), which then set the
+    sequences of each step instead of `per_step`."""
 
     per_step: int
     eval_every: int
     ckpt_every: int
     budget: int
+    points: tuple = ()
+
+    def samples(self, step: int) -> int:
+        """Cumulative samples after `step` steps."""
+        s = 0
+        for _ in range(step):
+            b = self.per_step
+            for start, size in self.points:
+                if start <= s:
+                    b = size
+            s += b
+        return s
 
     @property
     def steps(self) -> int:
-        return self.budget // self.per_step
+        n = 0
+        while self.samples(n) < self.budget:
+            n += 1
+        return n
 
     def _crosses(self, step: int, every: int) -> bool:
-        s = step * self.per_step
-        return s // every > (s - self.per_step) // every or s >= self.budget
+        s, before = self.samples(step), self.samples(step - 1)
+        return s // every > before // every or s >= self.budget
 
     def eval_due(self, step: int) -> bool:
         return self._crosses(step, self.eval_every)
@@ -208,14 +225,15 @@ def position(rng: np.random.Generator, rows: int, last: int, kills_left: int) ->
 
 
 def kill_at(cmd: list[str], out: Path, phase: str, sched: Schedule, rng: np.random.Generator,
-            kills_left: int, timeout: float = 900) -> str:
-    """Start `cmd`, SIGKILL it at a random point of `phase`, and say where the kill landed.
-    Fails when the process ends (or stalls) before the point comes."""
+            kills_left: int, timeout: float = 900, row: int | None = None) -> str:
+    """Start `cmd`, SIGKILL it at a random point of `phase` (after row `row` when given), and
+    say where the kill landed. Fails when the process ends (or stalls) before the point
+    comes."""
     watch = Watch(out)
     before = watch.steps_bytes()
     rows0 = len(watch.steps())
     last = sched.steps - 2 if phase == "step" else sched.steps  # a step point needs room
-    w = position(rng, rows0, last, kills_left)
+    w = position(rng, rows0, last, kills_left) if row is None else row
     delay = float(rng.uniform(0.5, 6.0)) if phase == "start" else float(rng.uniform(0, 1))
     proc = start(cmd)
     started, armed = time.monotonic(), []

@@ -36,7 +36,8 @@ RUN_KEYS = ("run", "run_id", "seed", "samples_to_target", "time_to_target", "cen
             "last_samples", "last_train_s", "throughput", "throughput_to_target", "evaluations",
             "status", "stop_code")
 META_KEYS = ("sequences_per_step", "minibatch_sequences", "prompts_per_step",
-             "samples_per_prompt", "lr", "lr_scaling", "algorithm", "reference_sequences")
+             "samples_per_prompt", "lr", "lr_scaling", "algorithm", "reference_sequences",
+             "schedule")
 
 
 def group_configs(records: list[dict]) -> list[dict]:
@@ -63,7 +64,7 @@ def choose_reference(groups: list[dict], reference_run: str | None = None) -> tu
         raise UserError("--reference: the run has no value of the target metric or was not "
                         "loaded", where=str(reference_run))
     at_b0 = [g for g in groups if g["sequences_per_step"] is not None
-             and g["sequences_per_step"] == g["reference_sequences"]]
+             and g["sequences_per_step"] == g["reference_sequences"] and not g.get("schedule")]
     if at_b0:
         best = min(at_b0, key=lambda g: (g["lr_scaling"] != "sqrt", -len(g["runs"]), g["config"]))
         return best["config"], "sequences_per_step equals optimizer.reference_sequences"
@@ -138,7 +139,7 @@ def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict) -> dict:
 
 
 def _critical_batch(entries: list[dict], ref: dict) -> dict:
-    fam = selection.family(entries, ref)
+    fam = selection.static(selection.family(entries, ref))  # one B per configuration
     out = invariance.critical_batch_departure(fam)
     pts = [(e["sequences_per_step"], e["samples_to_target"]) for e in fam
            if e["sequences_per_step"] is not None and e["samples_to_target"] is not None]
@@ -153,7 +154,7 @@ def _predict(entries: list[dict], ref: dict, fit: dict) -> dict:
     the optimizer minibatch for the logged B_simple, sequences per step for the fit."""
     b_noise, source = noise.choose_b_noise([e["noise_scale"]["actor"] for e in entries], fit)
     key = noise.compared_batch(source)
-    for e in entries:
+    for e in selection.static(entries):  # T(B) is a model of one B per run
         e.update(noise.predict_time(e[key], e["throughput"], ref["samples_to_target"], ref[key],
                                     b_noise))
     return {"b_noise": b_noise, "b_noise_source": source, "b_noise_batch": key,
@@ -185,9 +186,9 @@ def _controls(entries: list[dict], ref: dict, fits: dict, groups: dict,
               ci: float) -> list[dict]:
     """Each configuration of the reference's algorithm with another LR rule (the fixed-LR
     control) against its twin of the reference's family at the same B."""
-    fam = selection.family(entries, ref)
+    fam = selection.static(selection.family(entries, ref))
     out = []
-    for e in entries:
+    for e in selection.static(entries):
         if e["algorithm"] != ref["algorithm"] or e["lr_scaling"] == ref["lr_scaling"]:
             continue
         twin = next((f for f in fam if f["sequences_per_step"] == e["sequences_per_step"]),

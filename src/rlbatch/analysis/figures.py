@@ -99,11 +99,26 @@ def invariance_data(doc: dict, frames: RunFrames | None, x: str = "samples") -> 
         if band is not None:
             out.append({"config": e["config"], "label": labels[e["config"]],
                         "sequences_per_step": e["sequences_per_step"],
-                        "verdict": e["verdict"], **band})
+                        "verdict": e["verdict"], **band,
+                        "changes": [batch_changes(frames.run_steps(r["run"]), x)
+                                    for r in e["runs"]] if e.get("schedule") else []})
     if not out:
         return None
     return {"x": x, "metric": metric, "target": target_line(doc),
             "reference": doc["reference"]["config"], "configs": out}
+
+
+def batch_changes(steps: pd.DataFrame, x: str) -> list[list[float]]:
+    """Where a run's B changed (a batch schedule): [x where the new B began, the new B] for
+    each step whose `batch/sequences_per_step` differs from the step before; x is the
+    previous row's `samples` or `train_s` (the new B's first samples start there)."""
+    key = "batch/sequences_per_step"
+    if steps.empty or key not in steps.columns or x not in steps.columns:
+        return []
+    rows = steps.sort_values("samples")
+    b, at = rows[key].to_numpy(dtype=float), rows[x].to_numpy(dtype=float)
+    return [[float(at[i - 1]), float(b[i])] for i in range(1, len(b))
+            if np.isfinite(b[i]) and np.isfinite(b[i - 1]) and b[i] != b[i - 1]]
 
 
 # ---- batch-size figures from the analysis document ----

@@ -31,7 +31,7 @@ def config_labels(entries: list[dict]) -> dict[str, str]:
         if b is None:
             labels[e["config"]] = str(e["config"])
             continue
-        parts = [f"B={b}"]
+        parts = [f"B={b}" if not e.get("schedule") else f"B {e['schedule']}"]
         if mixed and e.get("algorithm"):
             parts.insert(0, str(e["algorithm"]).upper())
         if e.get("prompts_per_step") is not None and e.get("samples_per_prompt") is not None:
@@ -69,8 +69,9 @@ def short_labels(entries: list[dict]) -> dict[str, str]:
         if b is None:
             labels[e["config"]] = str(e["config"])[:24]
             continue
-        lab = (f"{e['algorithm']} " if mixed and e.get("algorithm") else "") + f"B{b}" + \
-            ("" if e.get("lr") is None else f" lr{e['lr']:.3g}")
+        size = f"B{b}" if not e.get("schedule") else _short_schedule(e["schedule"])
+        lab = (f"{e['algorithm']} " if mixed and e.get("algorithm") else "") + size + \
+            ("" if e.get("lr") is None or e.get("schedule") else f" lr{e['lr']:.3g}")
         if e.get("lr_scaling") not in (None, "sqrt"):
             lab += f" {e['lr_scaling']}"
         labels[e["config"]] = lab
@@ -79,3 +80,10 @@ def short_labels(entries: list[dict]) -> dict[str, str]:
         counts[lab] = counts.get(lab, 0) + 1
     return {c: (f"{lab} #{c.rsplit('-', 1)[-1][:4]}" if counts[lab] > 1 else lab)
             for c, lab in labels.items()}
+
+
+def _short_schedule(text: str) -> str:
+    """`steps 64,128@256,256@768` -> `B64>128>256`; `adaptive x2 to 1024` -> `B adapt x2<=1024`."""
+    if text.startswith("steps "):
+        return "B" + ">".join(part.split("@")[0] for part in text[6:].split(","))
+    return "B adapt " + text.split(" ", 1)[1].replace(" to ", "<=")

@@ -31,7 +31,7 @@ from rlbatch.core.runlog import Run, find_runs, identity, read_run, stable_hash
 
 RUN_COLUMNS = ("run", "run_id", "config", "seed", "algorithm", "prompts_per_step",
                "samples_per_prompt", "sequences_per_step", "minibatch_sequences", "lr",
-               "lr_scaling", "reference_sequences", "status", "stop_code")
+               "lr_scaling", "reference_sequences", "schedule", "status", "stop_code")
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,18 @@ def _minibatch_sequences(config: dict, sequences: int | None) -> int | float | N
     return int(m) if float(m).is_integer() else float(m)
 
 
+def schedule_text(config: dict) -> str | None:
+    """A batch schedule in a few words (`steps 64,128@256,256@768`, `adaptive x2 to 1024`),
+    or None for a run at one B. Its `sequences_per_step` is then the first B."""
+    sch = _get(config, "batch", "schedule")
+    if not isinstance(sch, dict):
+        return None
+    if sch.get("steps"):
+        return "steps " + ",".join(f"{b}" if not a else f"{b}@{a}" for a, b in sch["steps"])
+    a = sch.get("adaptive") or {}
+    return f"adaptive x{a.get('factor')} to {a.get('max_sequences')}"
+
+
 def run_row(run: Run) -> dict:
     """The `runs` frame row of one run (B and LR None when config.yaml is absent)."""
     cfg = run.config
@@ -143,7 +155,7 @@ def run_row(run: Run) -> dict:
         "minibatch_sequences": _minibatch_sequences(cfg, _sequences(cfg)), "lr": _lr(cfg),
         "lr_scaling": _get(cfg, "optimizer", "lr_scaling"),
         "reference_sequences": _get(cfg, "optimizer", "reference_sequences"),
-        "status": (run.summary or {}).get("status"),
+        "schedule": schedule_text(cfg), "status": (run.summary or {}).get("status"),
         "stop_code": (run.summary or {}).get("stop_code"),
     }
 

@@ -78,9 +78,16 @@ def versus_baseline(cand: dict, base: dict, comparison: dict) -> dict:
 
 
 def family(entries: list[dict], ref: dict) -> list[dict]:
-    """The reference's LR-scaling family: same algorithm and lr_scaling, the reference too."""
+    """The reference's LR-scaling family: same algorithm and lr_scaling, the reference too
+    (batch schedules included: they are candidates like any configuration)."""
     return [e for e in entries if e["algorithm"] == ref["algorithm"]
             and e["lr_scaling"] == ref["lr_scaling"]]
+
+
+def static(entries: list[dict]) -> list[dict]:
+    """The configurations that ran at one B (no batch schedule): what models of N* or T
+    against B, and the critical batch, are fitted to."""
+    return [e for e in entries if not e.get("schedule")]
 
 
 def _p_faster(e: dict) -> float | None:

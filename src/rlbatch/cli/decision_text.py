@@ -44,7 +44,10 @@ def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:
 def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]:
     """The `decision:` line and the `evidence:` line."""
     where = (f"P={e['prompts_per_step']} G={e['samples_per_prompt']} (B={e['sequences_per_step']})"
-             f", lr={num(e['lr'])}" + (f", C={concurrency}" if concurrency else ""))
+             f", lr={num(e['lr'])}" if not e.get("schedule") else
+             f"the batch schedule {e['schedule']} (from P={e['prompts_per_step']} "
+             f"G={e['samples_per_prompt']}, the LR by the sqrt rule at each B)") + \
+        (f", C={concurrency}" if concurrency else "")
     lines = []
     if rec["is_reference"]:
         lines.append(f"decision: keep the baseline {where}")

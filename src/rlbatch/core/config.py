@@ -75,51 +75,102 @@ class Config(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> Config:
         b = self.batch
-        seqs = b.prompts_per_step * b.samples_per_prompt
-        if seqs > MAX_SEQUENCES:
-            raise ValueError(
-                f"batch.prompts_per_step x batch.samples_per_prompt = {seqs:,} sequences per "
-                f"step is more than {MAX_SEQUENCES:,}")
         if self.algorithm == "grpo" and b.samples_per_prompt < 2:
             raise ValueError("batch.samples_per_prompt must be >= 2 for GRPO (group baseline)")
-        if seqs % b.minibatches_per_step:
-            raise ValueError(
-                f"batch.minibatches_per_step ({b.minibatches_per_step}) must divide "
-                f"sequences_per_step ({seqs} = {b.prompts_per_step} x {b.samples_per_prompt})"
-            )
-        mini = seqs // b.minibatches_per_step
-        if b.micro_batch_sequences is not None and mini % b.micro_batch_sequences:
-            raise ValueError(
-                f"batch.micro_batch_sequences ({b.micro_batch_sequences}) must divide the "
-                f"minibatch ({mini} sequences = {seqs} / {b.minibatches_per_step} minibatches)"
-            )
-        if self.algorithm == "ppo" and seqs % self.critic.minibatches_per_step:
-            raise ValueError(
-                f"critic.minibatches_per_step ({self.critic.minibatches_per_step}) must divide "
-                f"sequences_per_step ({seqs})"
-            )
-        micro = b.micro_batch_sequences or mini
-        if self.noise_scale.enabled and mini < 2 * micro:
-            raise ValueError(
-                f"noise_scale.enabled needs at least 2 micro-batches per minibatch (the two-batch "
-                f"estimator compares them with the minibatch): set batch.micro_batch_sequences "
-                f"<= {mini // 2} (the minibatch is {mini} sequences)")
-        critic_mini = seqs // self.critic.minibatches_per_step
-        if self.noise_scale.enabled and self.algorithm == "ppo" and critic_mini < 2 * micro:
-            raise ValueError(
-                f"noise_scale.enabled needs at least 2 micro-batches per critic minibatch too: "
-                f"set batch.micro_batch_sequences <= {critic_mini // 2} or fewer "
-                f"critic.minibatches_per_step (the critic's minibatch is {critic_mini} sequences)")
+        self._check_schedule()
+        for seqs in self.batch_sizes():
+            self._check_sizes(seqs)
         if (self.backend == "command") != (self.command is not None):
             raise ValueError("backend: command and a command: section go together (give "
                              "both, or neither)")
         if self.target.gain is not None and not self.eval.at_start:
             raise ValueError("target.gain is relative to the step-0 evaluation: it needs "
                              "eval.at_start: true")
-        self.optimizer.resolve_lr(seqs, "optimizer")
+        self.optimizer.resolve_lr(self.sequences_per_step, "optimizer")
         if self.algorithm == "ppo":
-            self.critic.resolve_lr(seqs, "critic")
+            self.critic.resolve_lr(self.sequences_per_step, "critic")
         return self
+
+    def _check_sizes(self, seqs: int) -> None:
+        """What must hold at every B the run takes: divisibility of the minibatches and
+        micro-batches, and room for the noise-scale estimator's two batch sizes."""
+        b = self.batch
+        where = "" if b.schedule is None else f" (at B = {seqs} of batch.schedule)"
+        if seqs > MAX_SEQUENCES:
+            raise ValueError(
+                f"batch.prompts_per_step x batch.samples_per_prompt = {seqs:,} sequences per "
+                f"step is more than {MAX_SEQUENCES:,}")
+        if seqs % b.minibatches_per_step:
+            raise ValueError(
+                f"batch.minibatches_per_step ({b.minibatches_per_step}) must divide "
+                f"sequences_per_step ({seqs} = {seqs // b.samples_per_prompt} x "
+                f"{b.samples_per_prompt}){where}")
+        mini = seqs // b.minibatches_per_step
+        if b.micro_batch_sequences is not None and mini % b.micro_batch_sequences:
+            raise ValueError(
+                f"batch.micro_batch_sequences ({b.micro_batch_sequences}) must divide the "
+                f"minibatch ({mini} sequences = {seqs} / {b.minibatches_per_step} minibatches)"
+                f"{where}")
+        if self.algorithm == "ppo" and seqs % self.critic.minibatches_per_step:
+            raise ValueError(
+                f"critic.minibatches_per_step ({self.critic.minibatches_per_step}) must divide "
+                f"sequences_per_step ({seqs}){where}")
+        micro = b.micro_batch_sequences or mini
+        if self.noise_scale.enabled and mini < 2 * micro:
+            raise ValueError(
+                f"noise_scale.enabled needs at least 2 micro-batches per minibatch (the two-batch "
+                f"estimator compares them with the minibatch): set batch.micro_batch_sequences "
+                f"<= {mini // 2} (the minibatch is {mini} sequences){where}")
+        critic_mini = seqs // self.critic.minibatches_per_step
+        if self.noise_scale.enabled and self.algorithm == "ppo" and critic_mini < 2 * micro:
+            raise ValueError(
+                f"noise_scale.enabled needs at least 2 micro-batches per critic minibatch too: "
+                f"set batch.micro_batch_sequences <= {critic_mini // 2} or fewer "
+                f"critic.minibatches_per_step (the critic's minibatch is {critic_mini} "
+                f"sequences){where}")
+
+    def _check_schedule(self) -> None:
+        """A schedule starts at the configured B, moves in whole groups, and scales the LR
+        by the rule (a fixed LR, or Adam's scaled betas, would not follow B)."""
+        sch, b = self.batch.schedule, self.batch
+        if sch is None:
+            return
+        start = b.prompts_per_step * b.samples_per_prompt
+        if sch.steps is not None and sch.steps[0][1] != start:
+            raise ValueError(f"batch.schedule.steps starts at B = {sch.steps[0][1]}, but "
+                             f"batch.prompts_per_step x samples_per_prompt = {start}: they "
+                             "must agree (the schedule's first B is the run's)")
+        if sch.adaptive is not None:
+            if sch.adaptive.max_sequences < start:
+                raise ValueError(f"batch.schedule.adaptive.max_sequences "
+                                 f"({sch.adaptive.max_sequences}) is below the first B ({start})")
+            if not self.noise_scale.enabled:
+                raise ValueError("batch.schedule.adaptive steers by the noise scale: set "
+                                 "noise_scale.enabled: true (and batch.micro_batch_sequences)")
+        odd = [s for s in self.batch_sizes() if s % b.samples_per_prompt]
+        if odd:
+            raise ValueError(f"batch.schedule: B = {odd[0]} is not a multiple of "
+                             f"batch.samples_per_prompt ({b.samples_per_prompt})")
+        if self.optimizer.lr is not None or (self.algorithm == "ppo"
+                                             and self.critic.lr is not None):
+            raise ValueError("batch.schedule rescales the LR at each B by lr_scaling from "
+                             "reference_sequences and reference_lr: leave optimizer.lr (and "
+                             "critic.lr) unset")
+        if self.optimizer.scale_adam:
+            raise ValueError("batch.schedule with optimizer.scale_adam is not supported (the "
+                             "betas would change with B during the run)")
+
+    def batch_sizes(self) -> list[int]:
+        """Every B the run can take: B itself, or each B of its schedule (an adaptive one:
+        B x factor^k up to max_sequences)."""
+        sizes = [self.batch.prompts_per_step * self.batch.samples_per_prompt]
+        sch = self.batch.schedule
+        if sch is not None and sch.steps is not None:
+            return sorted({s for _, s in sch.steps})
+        if sch is not None:
+            while sizes[-1] < sch.adaptive.max_sequences:
+                sizes.append(min(sizes[-1] * sch.adaptive.factor, sch.adaptive.max_sequences))
+        return sizes
 
     # ---- derived values (computed once, logged under `derived:`) ----
     @property
@@ -175,5 +226,7 @@ class Config(StrictModel):
             del out["trackers"]
         if out["command"] is None:  # absent unless backend: command (run ids stay as they were)
             del out["command"]
+        if out["batch"]["schedule"] is None:  # absent unless set (run ids stay as they were)
+            del out["batch"]["schedule"]
         out["derived"] = self.derived()
         return out

@@ -11,6 +11,7 @@ square-root SDE rule as well: `beta -> 1 - k(1 - beta)`, `eps -> eps / sqrt(k)`,
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Literal, get_args
 
@@ -89,6 +90,45 @@ class TaskConfig(StrictModel):
         return self
 
 
+class AdaptiveSchedule(StrictModel):
+    """Raise B by `factor` when the smoothed gradient noise scale B_simple has been at least
+    `threshold` x the optimizer minibatch in `patience` consecutive steps (algos/batch_schedule.py)."""
+
+    factor: int = Field(2, ge=2, le=16, description="B is multiplied by this at a raise")
+    threshold: float = Field(1.0, gt=0, le=1e6, description="raise when B_simple >= threshold x "
+                             "the optimizer minibatch (B / batch.minibatches_per_step)")
+    patience: int = Field(3, ge=1, le=MAX_COUNT, description="consecutive resolved steps the "
+                          "condition must hold")
+    max_sequences: int = Field(gt=0, le=MAX_SEQUENCES, description="the largest B")
+    critic: bool = Field(True, description="PPO: steer by the smaller of the actor's and the "
+                         "critic's B_simple")
+
+
+class BatchSchedule(StrictModel):
+    """B as a function of cumulative samples: `steps` ([[samples, sequences], ...], from 0,
+    the first B = batch.prompts_per_step x G) or `adaptive` (from the noise scale). Each B
+    runs at its LR by optimizer.lr_scaling from (reference_sequences, reference_lr)."""
+
+    steps: list[tuple[int, int]] | None = Field(None, min_length=1, max_length=MAX_LIST)
+    adaptive: AdaptiveSchedule | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> BatchSchedule:
+        if (self.steps is None) == (self.adaptive is None):
+            raise ValueError("batch.schedule: give exactly one of steps ([[samples, "
+                             "sequences], ...]) and adaptive")
+        if self.steps is not None:
+            starts = [a for a, _ in self.steps]
+            if starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
+                raise ValueError("batch.schedule.steps: the first starts at 0 samples and the "
+                                 f"starts increase (got {starts})")
+            if any(not 0 < b <= MAX_SEQUENCES for _, b in self.steps) or \
+                    any(not 0 <= a <= MAX_SAMPLES for a in starts):
+                raise ValueError(f"batch.schedule.steps: sequences in 1..{MAX_SEQUENCES} and "
+                                 f"samples in 0..{MAX_SAMPLES}")
+        return self
+
+
 class BatchConfig(StrictModel):
     prompts_per_step: int = Field(16, gt=0, le=MAX_PROMPTS,
                                   description="P: prompts drawn per rollout step")
@@ -99,6 +139,9 @@ class BatchConfig(StrictModel):
         None, gt=0, le=MAX_SEQUENCES,
         description="gradient-accumulation chunk; default = whole minibatch"
     )
+    schedule: BatchSchedule | None = Field(
+        None, description="B changing during the run (stepwise in samples, or adaptive on the "
+        "noise scale); null: B = prompts_per_step x samples_per_prompt throughout")
 
 
 class LrRule(StrictModel):
@@ -337,6 +380,10 @@ class ProfileConfig(StrictModel):
         "null: no limit")
     probe_control: bool = Field(False, description="probe: also probe the fixed-LR control "
                                 "(reported only: the probe decision never uses it)")
+    schedules: list[BatchSchedule] = Field(
+        [], max_length=8, description="batch schedules to compare as candidates beside the "
+        "static B (full strategy): each starts at the baseline's B (steps: at its first B) "
+        "and runs the LR rule at every B")
 
     @model_validator(mode="after")
     def _positive(self) -> ProfileConfig:
@@ -346,6 +393,9 @@ class ProfileConfig(StrictModel):
                 or any(c > MAX_COUNT for c in self.concurrency):
             raise ValueError(f"profile.prompts_per_step must be <= {MAX_PROMPTS} and "
                              f"profile.concurrency <= {MAX_COUNT}")
+        if self.schedules and self.strategy == "probe":
+            raise ValueError("profile.schedules are compared by the full strategy only: set "
+                             "profile.strategy: full")
         if len(set(self.concurrency)) != len(self.concurrency):
             raise ValueError("profile.concurrency must name each C once (the decode sweep "
                              "measures each once)")

@@ -182,6 +182,9 @@ def start_profile(cfg: Config, out: str | Path, executor, progress: Progress | N
     journal.log("profile_started", config=cfg.name, **started)
     p0 = baseline_prompts(cfg)
     b_max = max([p0 * 2] + list(cfg.profile.prompts_per_step)) * cfg.batch.samples_per_prompt
+    for sch in cfg.profile.schedules:  # the largest B a schedule reaches
+        b_max = max(b_max, *(b for _, b in sch.steps or ()),
+                    sch.adaptive.max_sequences if sch.adaptive else 0)
     decode = choose_concurrency(cfg, out, journal, b_max)
     return Session(out, journal, decode, Driver(cfg, out, executor, journal, progress, poll_s))
 

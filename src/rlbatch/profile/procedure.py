@@ -169,7 +169,8 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     every = candidate_eval_every(cfg, ev["median_nstar"])
     journal.log("baseline_measured", median_time=ev["median_time"],
                 max_nstar=ev["max_nstar"], candidate_eval_every=every)
-    cands = plan_trials(cfg, runs, c, seeds, kinds=("sqrt", "control"), eval_every=every)
+    cands = plan_trials(cfg, runs, c, seeds, kinds=("sqrt", "control", "schedule"),
+                        eval_every=every)
     limit = ev["max_nstar"] * math.exp(prof.margin)
     stopper = ((lambda st: early_stop_reason(st, ev["median_time"], limit))
                if prof.early_stop else None)
@@ -182,7 +183,7 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     if winner is not None:
         confirm = [t for t in plan_trials(cfg, runs, c, extra, kinds=(winner.kind,),
                                           eval_every=every)
-                   if t.prompts_per_step == winner.prompts_per_step]
+                   if t.name.rsplit("-s", 1)[0] == winner.name.rsplit("-s", 1)[0]]
         journal.log("confirming", challenger=chosen, trials=[t.name for t in confirm])
         driver.run(confirm, stopper)
         result = analyze_trials(cfg, out, _reference(base),
@@ -213,6 +214,7 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
         run_cfg = _read_run_config(entry)
         decision = {"prompts_per_step": run_cfg["batch"]["prompts_per_step"],
                     "samples_per_prompt": run_cfg["batch"]["samples_per_prompt"],
+                    "batch_schedule": run_cfg["batch"].get("schedule"),
                     "sequences_per_step": rec["sequences_per_step"], "lr": rec["lr"],
                     "generation_concurrency": decode["chosen"] if decode.get(
                         "passed_to_command", True) else None, **rec}

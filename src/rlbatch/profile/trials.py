@@ -3,7 +3,9 @@
 Kinds (docs/design.md "align, then accelerate"):
 - `baseline`: P0 = B0 / G at eta0 (the reference every verdict compares against);
 - `sqrt`: each candidate P with eta(B) = eta0 sqrt(B/B0);
-- `control`: 2 x B0 with the unscaled eta0 (the paper's "double the batch without retuning").
+- `control`: 2 x B0 with the unscaled eta0 (the paper's "double the batch without retuning");
+- `schedule`: each of `profile.schedules`, B changing during the run (docs/design.md, "Batch
+  schedules").
 
 A trial's config is the profile's base config with `batch.prompts_per_step`, the LR rule,
 the seed, the decode concurrency and the output directory replaced, the `profile:` section
@@ -25,7 +27,7 @@ from rlbatch.core.runlog import make_run_id
 @dataclass(frozen=True)
 class Trial:
     name: str
-    kind: str  # baseline | sqrt | control
+    kind: str  # baseline | sqrt | control | schedule
     prompts_per_step: int
     seed: int
     config: Config
@@ -54,10 +56,12 @@ def baseline_prompts(cfg: Config) -> int:
 
 
 def trial_config(cfg: Config, *, prompts: int, seed: int, rule: str, concurrency: int,
-                 runs_dir: Path, checkpoint_every: int, eval_every: int | None = None) -> Config:
+                 runs_dir: Path, checkpoint_every: int, eval_every: int | None = None,
+                 schedule: dict | None = None) -> Config:
     data = cfg.model_dump(mode="json")
     data.pop("profile", None)
     data["batch"]["prompts_per_step"] = prompts
+    data["batch"]["schedule"] = schedule
     data["optimizer"]["lr_scaling"] = rule
     data["seed"] = seed
     data["rollout"]["generation_concurrency"] = concurrency
@@ -80,20 +84,25 @@ def plan_trials(cfg: Config, runs_dir: Path, concurrency: int, seeds: list[int],
     p0 = baseline_prompts(cfg)
     prof = cfg.profile
     ckpt = cfg.checkpoint.every_samples or cfg.eval.every_samples
-    specs: list[tuple[str, int, str]] = []
+    specs: list[tuple[str, str, int, str, dict | None]] = []
     if "baseline" in kinds:
-        specs.append(("baseline", p0, cfg.optimizer.lr_scaling))
+        specs.append(("baseline", "base", p0, cfg.optimizer.lr_scaling, None))
     if "sqrt" in kinds:
-        specs += [("sqrt", p, "sqrt") for p in sorted(set(prof.prompts_per_step)) if p != p0]
+        specs += [("sqrt", "sqrt", p, "sqrt", None) for p in sorted(set(prof.prompts_per_step))
+                  if p != p0]
     if "control" in kinds and prof.fixed_lr_control:
-        specs.append(("control", 2 * p0, "none"))
+        specs.append(("control", "fixed-lr", 2 * p0, "none", None))
+    if "schedule" in kinds:
+        for i, sch in enumerate(prof.schedules, start=1):
+            first = sch.steps[0][1] // cfg.batch.samples_per_prompt if sch.steps else p0
+            specs.append(("schedule", f"sched{i}", first, "sqrt", sch.model_dump(mode="json")))
     trials = []
-    for kind, p, rule in specs:
+    for kind, label, p, rule, schedule in specs:
         for seed in seeds:
             every = baseline_eval_every if kind == "baseline" else eval_every
             tc = trial_config(cfg, prompts=p, seed=seed, rule=rule, concurrency=concurrency,
-                              runs_dir=runs_dir, checkpoint_every=ckpt, eval_every=every)
-            label = {"baseline": "base", "sqrt": "sqrt", "control": "fixed-lr"}[kind]
+                              runs_dir=runs_dir, checkpoint_every=ckpt, eval_every=every,
+                              schedule=schedule)
             suffix = f"-e{every}" if kind == "baseline" and every is not None else ""
             trials.append(Trial(f"{label}-P{p}-s{seed}{suffix}", kind, p, seed, tc))
     return trials

@@ -67,6 +67,11 @@ def invariance(d: dict):
         ax.plot(c["x"], c["mean"], color=color, lw=2.6 if ref else 1.4,
                 label=_t(f"{c['label']} [{c['verdict']}, {c['seeds']} seed(s)]"))
         ax.fill_between(c["x"], c["lo"], c["hi"], color=color, alpha=0.18, lw=0)
+        for run in c.get("changes") or []:  # where a batch schedule changed B
+            for x, _ in run:
+                ax.axvline(x, color=color, ls=":", lw=0.8, alpha=0.7)
+    if any(c.get("changes") for c in d["configs"]):
+        ax.plot([], [], color="gray", ls=":", lw=0.8, label="B changed (batch schedule)")
     if d["target"] is not None:
         ax.axhline(d["target"], color="k", ls="--", lw=1, label=_t(f"target {d['target']:.4g}"))
     ax.set_xlabel(X_LABELS.get(d["x"], _t(d["x"])))

@@ -39,6 +39,8 @@ class Counters:
     reward_timeouts: int = 0
     reward_nonfinite: int = 0
     reward_window: list = field(default_factory=list)  # [calls, faults] of recent steps
+    sequences: int = 0  # batch.schedule.adaptive: B for the next step (0: the first B)
+    schedule_streak: int = 0  # batch.schedule.adaptive: steps in a row that met the rule
 
     @classmethod
     def fresh(cls, cfg: Config) -> Counters:

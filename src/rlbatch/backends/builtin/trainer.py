@@ -14,6 +14,7 @@ timing and the fault policies: docs/design.md, "Module notes".
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from rlbatch.algos.advantages import gae, grpo_advantages, masked_whiten, outcome_token_rewards
+from rlbatch.algos.batch_schedule import adaptive_step, stepwise_sequences
 from rlbatch.algos.lr import crosses_mark, in_warmup, update_lrs
 from rlbatch.algos.noise_scale import NoiseScaleEMA
 from rlbatch.backends.builtin.batch import (
@@ -153,9 +155,44 @@ class Trainer:
         self.trackers.close()
         return st.finish()
 
+    def _batch_now(self) -> int:
+        """B for this step: the configured one, or the schedule's (docs/design.md, "Batch
+        schedules")."""
+        sch, c = self.cfg.batch.schedule, self.state.c
+        if sch is None:
+            return self.cfg.sequences_per_step
+        if sch.steps is not None:
+            return stepwise_sequences(sch.steps, c.samples)
+        return c.sequences or self.cfg.sequences_per_step
+
+    def _micro(self, sequences: int) -> int:
+        """The micro-batch at B: batch.micro_batch_sequences, else the whole minibatch."""
+        return self.cfg.batch.micro_batch_sequences or \
+            sequences // self.cfg.batch.minibatches_per_step
+
+    def _adapt(self, sequences: int) -> dict:
+        """The adaptive schedule after a step: B for the next step, from the smoothed noise
+        scale (PPO: the smaller of the actor's and the critic's, both resolved). Returns the
+        row's keys of the rule."""
+        sch, c = self.cfg.batch.schedule, self.state.c
+        if sch is None or sch.adaptive is None:
+            return {}
+        a = sch.adaptive
+        b_simple = self.actor_noise.b_simple
+        if self.critic_noise is not None and a.critic:
+            critic = self.critic_noise.b_simple
+            b_simple = math.nan if math.isnan(critic) else min(b_simple, critic)
+        k = self.cfg.batch.minibatches_per_step
+        c.sequences, c.schedule_streak = adaptive_step(
+            sequences, c.schedule_streak, b_simple, minibatches=k, factor=a.factor,
+            threshold=a.threshold, patience=a.patience, max_sequences=a.max_sequences)
+        return {"batch/noise_over_minibatch": b_simple / (sequences / k),
+                "batch/schedule_streak": c.schedule_streak}
+
     def _step(self) -> dict:
         cfg, st, timer = self.cfg, self.state, self.timer
-        P, G = cfg.batch.prompts_per_step, cfg.batch.samples_per_prompt
+        B, G = self._batch_now(), cfg.batch.samples_per_prompt
+        P = B // G
         t_step = time.perf_counter()
         with timer.phase("rollout"):
             examples = [next(self.stream) for _ in range(P)]
@@ -169,7 +206,7 @@ class Trainer:
             rewards, unscorable, faults = self._score(
                 ro, [e for e in examples for _ in range(G)], st.c.consumed, G, "train")
             st.count_reward_faults(len(prompt_ids), faults.counts())
-        drop = self._dropped(torch.tensor(faults.faulted, dtype=torch.bool))
+        drop = self._dropped(torch.tensor(faults.faulted, dtype=torch.bool), B)
         with timer.phase("other"):
             # rollouts come back on the CPU; the update runs where the model is
             batch = to_device(build_batch(ro, self.pad_id), self.device)
@@ -182,9 +219,9 @@ class Trainer:
             with timer.phase("reference"), torch.no_grad():
                 ref_logp = by_micro_batches(
                     lambda b: forward_logprobs(self.ref, b, cfg.rollout.temperature), batch,
-                    cfg.micro_batch_sequences)
+                    self._micro(B))
         samples_after = st.c.samples + len(prompt_ids)
-        stats, skipped = self._updates(batch, rewards, old_logp, ref_logp, samples_after,
+        stats, skipped = self._updates(batch, rewards, old_logp, ref_logp, samples_after, B,
                                        valid=None if drop is None else ~drop)
         times, _ = timer.end_step()
         wall = time.perf_counter() - t_step
@@ -209,7 +246,8 @@ class Trainer:
                                                     / ro.timing["decode_s"])
         row.update(stats)
         row.update(self._fault_stats(faults, rewards, drop))
-        row["actor/nonfinite_skipped"] = skipped
+        row.update({"actor/nonfinite_skipped": skipped, "batch/sequences_per_step": B,
+                    "batch/prompts_per_step": P, **self._adapt(B)})
         return row
 
     def _sampling(self) -> SamplingParams:
@@ -239,14 +277,14 @@ class Trainer:
             values.append(float(value))
         return torch.tensor(values), missing, scored
 
-    def _dropped(self, faulted: torch.Tensor) -> torch.Tensor | None:
+    def _dropped(self, faulted: torch.Tensor, sequences: int) -> torch.Tensor | None:
         """Samples to drop (bool (N,)) under reward.on_error: drop, else None. When they could
         fill a whole actor or critic minibatch (which would leave its loss without tokens)
         the step falls back to error_value."""
         cfg, n = self.cfg, int(faulted.sum())
-        smallest = cfg.minibatch_sequences
+        smallest = sequences // cfg.batch.minibatches_per_step
         if cfg.algorithm == "ppo":
-            smallest = min(smallest, cfg.sequences_per_step // cfg.critic.minibatches_per_step)
+            smallest = min(smallest, sequences // cfg.critic.minibatches_per_step)
         if cfg.reward.on_error != "drop" or n == 0 or n >= smallest:
             return None
         return faulted
@@ -259,12 +297,12 @@ class Trainer:
                 out["reward/mean"] = float(rewards[~drop].mean())
         return out
 
-    def _updates(self, batch, rewards, old_logp, ref_logp, samples_after,
+    def _updates(self, batch, rewards, old_logp, ref_logp, samples_after, sequences: int,
                  valid: torch.Tensor | None = None) -> tuple[dict, int]:
-        """Advantages, then the critic's update (PPO) and the actor's. Returns (stats, number
-        of actor updates skipped as non-finite)."""
+        """Advantages, then the critic's update (PPO) and the actor's, at this step's B and
+        its LR (the rule's eta(B)). Returns (stats, actor updates skipped as non-finite)."""
         cfg, timer, b = self.cfg, self.timer, self.cfg.batch
-        samples_before = samples_after - cfg.sequences_per_step
+        samples_before = samples_after - sequences
         stats: dict = {}
         if cfg.algorithm == "grpo":
             with timer.phase("other"):
@@ -273,12 +311,14 @@ class Trainer:
                     valid=None if valid is None else valid.to(rewards.device))
             stats.update(adv_stats)
         else:
-            adv, critic_stats = self._ppo_critic(batch, rewards, samples_before, samples_after)
+            adv, critic_stats = self._ppo_critic(batch, rewards, samples_before, samples_after,
+                                                 sequences)
             stats.update(critic_stats)
         # one LR per optimizer update: the schedule's mean over that update's share of the
         # step's samples (algos/lr.py), so warm-up is exact in samples for any B
-        lrs = update_lrs(samples_before, cfg.sequences_per_step, b.minibatches_per_step,
-                         b.epochs_per_step, cfg.actor_lr, cfg.optimizer.warmup_samples)
+        lrs = update_lrs(samples_before, sequences, b.minibatches_per_step, b.epochs_per_step,
+                         cfg.optimizer.resolve_lr(sequences, "optimizer"),
+                         cfg.optimizer.warmup_samples)
         stats["actor/lr"] = sum(lrs) / len(lrs)
         if cfg.algorithm == "ppo" and in_warmup(samples_after, cfg.critic.warmup_samples):
             # critic warm-up: the actor waits (its LR schedule does not)
@@ -290,27 +330,28 @@ class Trainer:
                 temperature=cfg.rollout.temperature, clip_low=cfg.loss.clip_ratio_low,
                 clip_high=cfg.loss.clip_ratio_high, kl_coef=cfg.loss.kl_coef,
                 minibatches=b.minibatches_per_step, epochs=b.epochs_per_step,
-                micro=cfg.micro_batch_sequences, max_grad_norm=cfg.optimizer.max_grad_norm,
+                micro=self._micro(sequences), max_grad_norm=cfg.optimizer.max_grad_norm,
                 generator=self.gen, noise=self.actor_noise, lrs=lrs)
         timer.reassign("actor_update", "noise_scale", res.noise_s)
         stats.update(res.stats)
         return stats, res.skipped
 
-    def _ppo_critic(self, batch, rewards, samples_before: int,
-                    samples_after: int) -> tuple[torch.Tensor, dict]:
+    def _ppo_critic(self, batch, rewards, samples_before: int, samples_after: int,
+                    sequences: int) -> tuple[torch.Tensor, dict]:
         """Values, GAE advantages and, on the steps its cadence picks, the critic's update.
         Returns (advantages (N, L), stats)."""
         cfg, timer = self.cfg, self.timer
-        c = cfg.critic
+        c, micro = cfg.critic, self._micro(sequences)
         mask = batch.response_mask
         with timer.phase("critic_values"), torch.no_grad():
-            values = by_micro_batches(self.critic, batch, cfg.micro_batch_sequences) * mask  # (N, L)
+            values = by_micro_batches(self.critic, batch, micro) * mask  # (N, L)
         with timer.phase("other"):
             token_r = outcome_token_rewards(rewards, mask)
             adv, returns = gae(token_r, values, mask, cfg.loss.gamma, cfg.loss.lam)
             adv = masked_whiten(adv, mask)
-        critic_lrs = update_lrs(samples_before, cfg.sequences_per_step, c.minibatches_per_step,
-                                c.epochs_per_step, cfg.critic_lr, c.lr_warmup_samples)
+        critic_lrs = update_lrs(samples_before, sequences, c.minibatches_per_step,
+                                c.epochs_per_step, c.resolve_lr(sequences, "critic"),
+                                c.lr_warmup_samples)
         stats = {"critic/lr": sum(critic_lrs) / len(critic_lrs),
                  "critic/value_mean": float(values.sum() / mask.sum())}
         if crosses_mark(samples_before, samples_after, c.update_every_samples):
@@ -318,7 +359,7 @@ class Trainer:
                 res = critic_update(
                     self.critic, self.critic_opt, batch, values, returns,
                     value_clip=c.value_clip, minibatches=c.minibatches_per_step,
-                    epochs=c.epochs_per_step, micro=cfg.micro_batch_sequences,
+                    epochs=c.epochs_per_step, micro=micro,
                     max_grad_norm=c.max_grad_norm, generator=self.gen, noise=self.critic_noise,
                     lrs=critic_lrs)
             timer.reassign("critic_update", "noise_scale", res.noise_s)
