@@ -139,3 +139,54 @@ def test_trials_run_as_jobs_on_a_ray_cluster(ray_cluster, tmp_path):
         assert jobs[job].entrypoint.endswith(f"train {out / 'trials' / name}.yaml --resume "
                                              "--json")
         assert read_json(run / "summary.json")["status"] == "target_reached"
+
+
+# ---------------------------------------------------------------- SIGTERM to the profile
+def test_sigterm_to_the_profile_stops_its_trials_and_a_rerun_resumes_them(tmp_path):
+    """A scheduler's SIGTERM reaches the profile process alone: it stops its running trial
+    (which stops its command) instead of leaving them orphaned, exits 143, and the same
+    command afterwards resumes the trial from its checkpoint and decides."""
+    import os
+    import signal
+    import time
+
+    from helpers.procs import alive
+
+    cfg = {"extends": "grpo-tiny", "name": "sigterm", "backend": "command",
+           "command": {"framework": "verl", "poll_s": 0.2, "stop_grace_s": 5,
+                       "argv": [sys.executable, str(HELPERS / "log_writer.py")],
+                       "env": {"LOG_WRITER_STEP_S": "0.3"}},
+           "batch": {"prompts_per_step": 4, "samples_per_prompt": 8},
+           "optimizer": {"reference_sequences": 32, "reference_lr": 1e-4},
+           "target": {"metric": "eval/x/reward/mean@1", "value": 0.5, "gain": None},
+           "budget": {"max_samples": 1024}, "eval": {"every_samples": 64},
+           "checkpoint": {"every_samples": 128},
+           "profile": {"prompts_per_step": [8], "seeds": 1, "confirm_seeds": 0,
+                       "fixed_lr_control": False, "concurrency": [], "min_evaluations": 3}}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "p"
+    cmd = [*RLBATCH, "profile", str(config), "--out", str(out), "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + 120
+    steps = None
+    while time.monotonic() < deadline:  # the first trial has logged a few steps
+        found = list(out.glob("runs/*/steps.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 6:
+            steps = found[0]
+            break
+        time.sleep(0.1)
+    assert steps is not None, "the trial did not start"
+    attempt = json.loads(next(out.glob("runs/*/command/attempts/001/attempt.json")).read_text())
+    trial_pid = json.loads((steps.parent / "owner.lock").read_text())["pid"]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert not alive(trial_pid) and not alive(attempt["pid"])  # nothing left running
+    assert read_json(steps.parent / "summary.json")["failure"] == "terminated by SIGTERM"
+    doc = _profile(config, out)
+    assert doc["decision"] is not None and not doc["failed_trials"]
+    again = json.loads((steps.parent / "command" / "attempts" / "002" / "attempt.json")
+                       .read_text())
+    assert again["resume_step"] >= 4  # from the stand-in's checkpoint, every 4 steps

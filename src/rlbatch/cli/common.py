@@ -1,11 +1,15 @@
-"""Helpers shared by CLI commands: config options, comma-separated lists, JSON output."""
+"""Helpers shared by CLI commands: config options, comma-separated lists, JSON output, and
+the stop signals of the commands that run for long (`stop_signals`)."""
 
 from __future__ import annotations
+
+import contextlib
+import signal
 
 import typer
 
 from rlbatch.core.config import Config
-from rlbatch.core.errors import ConfigError
+from rlbatch.core.errors import ConfigError, pending_stop, stop_signal
 from rlbatch.core.loading import load_config
 from rlbatch.core.runlog import dumps_strict
 
@@ -44,3 +48,30 @@ def whole_numbers(text: str, flag: str) -> list[int]:
 def print_json(obj) -> None:
     """The last stdout line: one JSON document."""
     print(dumps_strict(obj))
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """SIGTERM and SIGHUP (a closed terminal) raise `Terminated`, SIGINT raises `Interrupted`,
+    so the run is marked failed (and resumable) instead of being left `running`. Only the first
+    signal is raised: later ones are ignored until the handlers are removed, so repeated
+    Ctrl-Cs cannot cut the status write short (it comes first, then the shutdown)."""
+
+    def on_signal(signum, frame):
+        if pending_stop() is None:
+            raise stop_signal(signum)
+
+    # a signal ignored when we started (`nohup` ignores SIGHUP, a shell's `&` job SIGINT)
+    # stays ignored
+    previous = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS
+                if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        stopped = pending_stop() is not None
+        for s, handler in previous.items():  # after a stop, Ctrl-C stays ignored to the exit
+            signal.signal(s, signal.SIG_IGN if stopped and s == signal.SIGINT else handler)
+        stop_signal(None)

@@ -10,7 +10,14 @@ from rich.live import Live
 from rich.table import Table
 
 from rlbatch.cli import common
-from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve, whole_numbers
+from rlbatch.cli.common import (
+    PresetOption,
+    SetOption,
+    print_json,
+    resolve,
+    stop_signals,
+    whole_numbers,
+)
 from rlbatch.cli.decision_text import decision_lines
 
 err = Console(stderr=True)
@@ -80,14 +87,22 @@ def profile(
     driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
     ex = executors.make_executor(executor, cfg.profile.workers, address, trial_cpus, trial_gpus)
     run = probing.run_probe_profile if cfg.profile.strategy == "probe" else procedure.run_profile
+    _print_decision(_run_live(run, cfg, out_dir, ex), out_dir, as_json)
+
+
+def _run_live(run, cfg, out_dir: str, ex) -> dict:
+    """The profile under a live table. SIGTERM or SIGHUP end it as Ctrl-C does, and its
+    trials still running are stopped (each writes down its end), not left orphaned."""
     try:
-        with Live(_table([], cfg.target.metric), console=err, refresh_per_second=2) as live:
-            doc = run(cfg, out_dir, ex,
-                      progress=lambda rows: live.update(_table(rows, cfg.target.metric)))
+        with stop_signals(), Live(_table([], cfg.target.metric), console=err,
+                                  refresh_per_second=2) as live:
+            return run(cfg, out_dir, ex,
+                       progress=lambda rows: live.update(_table(rows, cfg.target.metric)))
     except BaseException:
         err.print()  # the error line goes below the live table, not glued to its last line
         raise
-    _print_decision(doc, out_dir, as_json)
+    finally:
+        ex.shutdown()
 
 
 def _flag_overrides(*, batches, concurrency, seeds, workers, backend, strategy,

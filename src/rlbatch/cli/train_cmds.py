@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import sys
 import time
 
@@ -15,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve
-from rlbatch.core.errors import EXIT_DIVERGED, EXIT_FAILED, pending_stop, stop_signal
+from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve, stop_signals
+from rlbatch.core.errors import EXIT_DIVERGED, EXIT_FAILED
 
 err = Console(stderr=True)
 
@@ -52,7 +51,7 @@ def train(
     if config is None and preset is None:
         preset = "grpo-tiny"
     cfg = resolve(config, preset, overrides)
-    with _stop_signals():  # from here on, a signal is written down as the run's end
+    with stop_signals():  # from here on, a signal is written down as the run's end
         if cfg.backend == "trl":  # TRL's GRPOTrainer; same .cb / .run() / .state surface
             from rlbatch.backends.trl.run import TRLRun
 
@@ -158,33 +157,6 @@ def _progress(cfg):
     finally:
         if last["line"] is not None:
             print(line(*last["line"]), file=sys.stderr, flush=True)
-
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
-
-@contextlib.contextmanager
-def _stop_signals():
-    """SIGTERM and SIGHUP (a closed terminal) raise `Terminated`, SIGINT raises `Interrupted`,
-    so the run is marked failed (and resumable) instead of being left `running`. Only the first
-    signal is raised: later ones are ignored until the handlers are removed, so repeated
-    Ctrl-Cs cannot cut the status write short (it comes first, then the shutdown)."""
-
-    def on_signal(signum, frame):
-        if pending_stop() is None:
-            raise stop_signal(signum)
-
-    # a signal ignored when we started (`nohup` ignores SIGHUP, a shell's `&` job SIGINT)
-    # stays ignored
-    previous = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS
-                if signal.getsignal(s) is not signal.SIG_IGN}
-    try:
-        yield
-    finally:
-        stopped = pending_stop() is not None
-        for s, handler in previous.items():  # after a stop, Ctrl-C stays ignored to the exit
-            signal.signal(s, signal.SIG_IGN if stopped and s == signal.SIGINT else handler)
-        stop_signal(None)
 
 
 def _threshold(t: dict) -> str:

@@ -84,11 +84,18 @@ class LocalExecutor(_Executor):
     def poll(self) -> list[Finished]:
         return self._reap(lambda proc: proc.poll())
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float = 120.0) -> None:
+        """SIGTERM to every trial still running (each writes `failed: terminated by SIGTERM`
+        and stops what it runs), SIGKILL to any still there after `grace_s`."""
         for proc, _ in self._running.values():
             proc.terminate()
+        deadline = time.monotonic() + grace_s
         for proc, _ in self._running.values():
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         self._running.clear()
 
 

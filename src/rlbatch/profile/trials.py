@@ -62,6 +62,13 @@ def trial_config(cfg: Config, *, prompts: int, seed: int, rule: str, concurrency
     data.pop("profile", None)
     data["batch"]["prompts_per_step"] = prompts
     data["batch"]["schedule"] = schedule
+    if schedule and schedule.get("adaptive") and not data["noise_scale"]["enabled"]:
+        # the adaptive rule steers by the noise scale: its trial measures it (the static
+        # trials do not pay for the probe), in micro-batches of half the first minibatch
+        data["noise_scale"]["enabled"] = True
+        first = prompts * cfg.batch.samples_per_prompt // cfg.batch.minibatches_per_step
+        data["batch"]["micro_batch_sequences"] = data["batch"]["micro_batch_sequences"] or \
+            max(1, first // 2)
     data["optimizer"]["lr_scaling"] = rule
     data["seed"] = seed
     data["rollout"]["generation_concurrency"] = concurrency
