@@ -191,6 +191,40 @@ def test_sys_exit_inside_a_run_is_a_failure_not_exit_status_0(tmp_path):
         disown(state.dir)
 
 
+
+def test_a_stop_signal_that_library_code_replaced_still_ends_the_run_as_the_signal(tmp_path):
+    """SIGTERM inside `torch.save`: its zip writer's cleanup raises a RuntimeError of its own
+    while the signal's exception unwinds through it. The run still ends as terminated (exit
+    143 in the CLI), not as that RuntimeError (exit 1)."""
+    import io
+    import signal
+
+    import torch
+
+    from rlbatch.backends.builtin.runstate import run_recorded
+    from rlbatch.core.errors import Terminated, stop_signal
+
+    class SignalMidWrite(io.BytesIO):
+        def write(self, data):
+            if self.tell() > 1024:
+                raise stop_signal(signal.SIGTERM)  # what cli.common's handler raises
+            return super().write(data)
+
+    def body():
+        torch.save({"w": torch.zeros(4096)}, SignalMidWrite())
+
+    _, state = _new_run(tmp_path)
+    try:
+        state.truncate_logs()
+        with pytest.raises(Terminated) as info:
+            run_recorded(state, body, lambda: None)
+        assert info.value.__cause__ is not None  # torch's own error, kept as the cause
+        summary = read_json(state.dir / "summary.json")
+        assert summary["status"] == "failed" and summary["failure"] == "terminated by SIGTERM"
+    finally:
+        stop_signal(None)
+        disown(state.dir)
+
 # ---------------------------------------------------------------- rewards
 
 def test_sanitize_escapes_terminal_control_characters():
@@ -436,8 +470,8 @@ def test_a_symlink_loop_as_a_dataset_is_named(tmp_path):
 def test_a_signal_ignored_at_start_stays_ignored():
     """`nohup rlbatch train` ignores SIGHUP, and `rlbatch train &` in a script ignores SIGINT:
     the trainer's handlers must not undo that."""
-    code = ("import os, signal\nfrom rlbatch.cli.train_cmds import _stop_signals\n"
-            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\nwith _stop_signals():\n"
+    code = ("import os, signal\nfrom rlbatch.cli.common import stop_signals\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\nwith stop_signals():\n"
             "    os.kill(os.getpid(), signal.SIGHUP)\n"
             "    print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

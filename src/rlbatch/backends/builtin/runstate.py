@@ -41,6 +41,7 @@ from rlbatch.core.errors import (
     RunFailed,
     Terminated,
     UserError,
+    pending_stop,
     sanitize,
     writing,
 )
@@ -335,8 +336,14 @@ def run_recorded(state: RunState, body: Callable[[], dict], close: Callable[[], 
         state.fail(exc)
         raise RunFailed(f"{state.dir}: run failed: {state.c.failure}") from None
     except BaseException as exc:  # written down, then propagated
-        state.fail(exc)
-        raise
+        stop = pending_stop()
+        if stop is None or exc is stop:
+            state.fail(exc)
+            raise
+        # the stop signal was raised inside library code that replaced it while unwinding
+        # (torch.save's zip writer raises its own RuntimeError): the run ended by the signal
+        state.fail(stop)
+        raise stop from exc
     finally:
         close()
 
