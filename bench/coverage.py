@@ -25,8 +25,9 @@ import time
 import numpy as np
 
 from rlbatch.analysis import selection
-from rlbatch.analysis.analyze import judge
+from rlbatch.analysis.analyze import group_configs, judge
 from rlbatch.analysis.invariance import DEFAULT_MARGIN
+from rlbatch.analysis.runs import RUN_COLUMNS
 
 Q_CV = 0.05
 CI = 0.90
@@ -61,9 +62,14 @@ def draw_runs(rng, n: int, nstar: float, q: float, cv: float, budget: float,
 
 
 def group(name: str, b: int, runs: list[dict]) -> dict:
-    return {"config": name, "sequences_per_step": b, "minibatch_sequences": b,
-            "prompts_per_step": b // 8, "samples_per_prompt": 8, "lr": 1e-4 * math.sqrt(b / 128),
-            "lr_scaling": "sqrt", "algorithm": "grpo", "reference_sequences": 128, "runs": runs}
+    """One configuration as analyze.group_configs builds it from per-run records: each run is
+    a row of the `runs` frame (every key of runs.RUN_COLUMNS, None where unknown, as
+    runs.run_row leaves it: `schedule` None is a run at one B) plus its run result."""
+    meta = {"config": name, "algorithm": "grpo", "prompts_per_step": b // 8,
+            "samples_per_prompt": 8, "sequences_per_step": b, "minibatch_sequences": b,
+            "lr": 1e-4 * math.sqrt(b / 128), "lr_scaling": "sqrt", "reference_sequences": 128}
+    (g,) = group_configs([{**dict.fromkeys(RUN_COLUMNS), **meta, **r} for r in runs])
+    return g
 
 
 def replicate(rng, n: int, cv: float, cens: float, n_ratio: float, q_ratio: float,

@@ -27,8 +27,9 @@ import time
 import numpy as np
 
 from rlbatch.analysis import selection
-from rlbatch.analysis.analyze import judge
+from rlbatch.analysis.analyze import group_configs, judge
 from rlbatch.analysis.invariance import DEFAULT_MARGIN
+from rlbatch.analysis.runs import RUN_COLUMNS
 from rlbatch.profile.procedure import early_stop_reason
 
 Q_CV = 0.05
@@ -63,9 +64,14 @@ def one_run(rng, nstar: float, q: float, cv: float, seed: int, stops=None) -> di
 
 
 def group(name: str, b: int, runs: list[dict]) -> dict:
-    return {"config": name, "sequences_per_step": b, "minibatch_sequences": b,
-            "prompts_per_step": b // 8, "samples_per_prompt": 8, "lr": 1e-4 * math.sqrt(b / B0),
-            "lr_scaling": "sqrt", "algorithm": "grpo", "reference_sequences": B0, "runs": runs}
+    """One configuration as analyze.group_configs builds it from per-run records: each run is
+    a row of the `runs` frame (every key of runs.RUN_COLUMNS, None where unknown, as
+    runs.run_row leaves it: `schedule` None is a run at one B) plus its run result."""
+    meta = {"config": name, "algorithm": "grpo", "prompts_per_step": b // 8,
+            "samples_per_prompt": 8, "sequences_per_step": b, "minibatch_sequences": b,
+            "lr": 1e-4 * math.sqrt(b / B0), "lr_scaling": "sqrt", "reference_sequences": B0}
+    (g,) = group_configs([{**dict.fromkeys(RUN_COLUMNS), **meta, **r} for r in runs])
+    return g
 
 
 def profile_once(rng, truths: dict, cv: float, seeds: int, confirm: int) -> dict | None:

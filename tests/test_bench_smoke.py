@@ -1,0 +1,53 @@
+"""Smoke test of the bench scripts that simulate through the analysis's own code
+(bench/coverage.py and bench/procedure_sim.py call analyze.judge and selection.recommend on
+synthetic configurations): each runs as a subprocess at a tiny size and must exit 0 and end
+with its JSON line holding the keys it documents. It exists so that a change to the analysis
+(a new key an entry must carry, a renamed field) cannot silently break a published table of
+docs/analysis.md ("Intervals across seeds", "The whole procedure") that only these scripts
+produce. Figures are checked by nothing here: at a few replicates they are noise, and the
+published ones come from the scripts at full size. No model is used.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+# script -> (arguments at a tiny size, top-level keys of its JSON line, keys of each row of
+# the table it publishes: {list key: row keys})
+SCRIPTS = {
+    "coverage.py": (
+        ["--reps", "3"], {"reps", "ci", "q_cv", "coverage", "decisions", "seconds"},
+        {"coverage": {"cv", "censored", "n", "N*", "q", "T", "N* ratio", "q ratio", "T ratio",
+                      "printed_share"},
+         "decisions": {"case", "cv", "n", "excludes_1/N* ratio", "excludes_1/q ratio",
+                       "excludes_1/T ratio", "departed",
+                       "N* or T interval excludes 1, or departed",
+                       "T interval excludes 1, or departed", "a claim in words",
+                       "recommended", "P(faster)>=0.95", "P(faster)>=0.90"}}),
+    "procedure_sim.py": (
+        ["--reps", "3"], {"reps", "rows", "seconds"},
+        {"rows": {"case", "cv", "seeds", "confirm_seeds", "recommended_not_faster",
+                  "recommended_faster", "kept_baseline"}}),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_bench_script_runs_and_ends_with_its_json_line(script):
+    args, keys, rows = SCRIPTS[script]
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert keys <= set(doc), f"{script}: missing {sorted(keys - set(doc))}"
+    for key, row_keys in rows.items():
+        assert doc[key], f"{script}: `{key}` is empty"
+        for row in doc[key]:
+            assert row_keys <= set(row), f"{script} {key}: missing {sorted(row_keys - set(row))}"
