@@ -345,6 +345,8 @@ def test_seeds_for_power_is_the_smallest_that_resolves_the_effect():
             student_t.ppf(0.95, df) + student_t.ppf(0.8, df)
     assert n is not None and resolves(n) and not resolves(n - 1)
     assert seedstats.seeds_for(sd, 0, math.log(0.999)) is None  # beyond 1,000 seeds
+    # runs that did not vary at all (a deterministic trainer): the smallest plan, no crash
+    assert seedstats.seeds_for(0.0, 2, math.log(1.3)) == 2
     se = sd * math.sqrt(2 / 4)  # 4 seeds per side, df 6: the smallest resolved log ratio
     assert seedstats.detectable_log_ratio(se, 6) == pytest.approx(
         se * (student_t.ppf(0.95, 6) + student_t.ppf(0.8, 6)))

@@ -199,6 +199,8 @@ def seeds_for(se_one: float | None, df: int, log_effect: float, power: float = 0
     `alpha` with probability `power`, given the pooled s (`se_one`: s of one run)."""
     if se_one is None or not log_effect or not math.isfinite(log_effect):
         return None
+    if se_one <= 0:  # runs that do not vary (a deterministic trainer): the limit, two seeds
+        return 2
     for n in range(2, most + 1):
         dfn = max(df, 2 * n - 2)
         se = se_one * math.sqrt(2.0 / n)
