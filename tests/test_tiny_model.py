@@ -44,6 +44,7 @@ def test_tokenizer_round_trip():
                       skip_special_tokens=True) == "9750"
 
 
+@pytest.mark.landing_free
 @pytest.mark.trained
 def test_same_seed_same_weights_and_save_load_round_trip(tmp_path):
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -75,6 +76,7 @@ def test_same_seed_same_weights_and_save_load_round_trip(tmp_path):
     assert meta["recipe"]["max_sft_steps"] == 6
 
 
+@pytest.mark.lands
 def test_cached_tiny_model_is_in_band(tiny_model_dir):
     """The default checkpoint's measured starting accuracy (1,024 held-out prompts)."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -89,6 +91,7 @@ def test_cached_tiny_model_is_in_band(tiny_model_dir):
     assert acc == pytest.approx(meta["accuracy"])
 
 
+@pytest.mark.lands
 @pytest.mark.slow
 @pytest.mark.trained
 @pytest.mark.parametrize("task", ["addition", "reverse"])
@@ -199,3 +202,46 @@ def test_band_search_waits_for_every_answer_position():
     search = BandSearch(TinyRecipe())
     assert search.decide(0.3, [0.9, 0.9, 0.2, 0.9]) == "continue"  # one digit not formed yet
     assert search.decide(0.35, [0.9, 0.9, 0.4, 0.9]) == "accept"
+
+
+def _build_in_a_child(cache, log, recipe, queue):  # runs in a forked process
+    import os
+
+    from rlbatch.rollout import tiny_model
+
+    os.environ["RLBATCH_CACHE"] = str(cache)
+    real = tiny_model.build_tiny
+
+    def counted(*args, **kwargs):
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        return real(*args, **kwargs)
+
+    tiny_model.build_tiny = counted
+    queue.put(str(tiny_model.tiny_model_path(recipe)))
+
+
+@pytest.mark.trained
+@pytest.mark.landing_free
+def test_two_processes_on_an_empty_cache_build_the_model_once(tmp_path):
+    """Two processes that ask for the same uncached model at once: one builds it, the other
+    waits for that build and reads it (a short recipe, so the race is cheap to run)."""
+    import multiprocessing as mp
+
+    recipe = replace(recipe_for("runsum", 1), hidden=32, mlp=64, layers=2, max_sft_steps=4,
+                     check_every=2, check_prompts=16, sft_examples_per_step=16, band_low=0.0,
+                     min_position_accuracy=0.0, report_prompts=16)
+    ctx = mp.get_context("fork")
+    queue, log = ctx.Queue(), tmp_path / "builds.log"
+    procs = [ctx.Process(target=_build_in_a_child, args=(tmp_path / "cache", log, recipe, queue))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    paths = {queue.get(timeout=5) for _ in procs}
+    assert len(log.read_text().splitlines()) == 1  # built once
+    (path,) = paths
+    assert json.loads((tmp_path / "cache" / "models" / path.split("/")[-1] /
+                       "rlbatch_build.json").read_text())["recipe"]["task"] == "runsum"

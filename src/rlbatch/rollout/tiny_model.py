@@ -15,7 +15,9 @@ The per-task recipes (`recipe_for`) and where the bands come from: docs/design.m
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import json
 import math
 import os
@@ -328,8 +330,22 @@ def tiny_model_path(recipe: TinyRecipe, *, build: bool = True,
         return final
     if not build:
         raise FileNotFoundError(final)
-    build_tiny(recipe, final, progress=progress)
+    with _build_lock(final):  # a second process waits for the first's build, then reads it
+        if not (final / "rlbatch_build.json").exists():
+            build_tiny(recipe, final, progress=progress)
     return final
+
+
+@contextlib.contextmanager
+def _build_lock(final: Path):
+    """An exclusive flock beside the cached folder, held while one process builds it."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def build_tiny(recipe: TinyRecipe, dest: Path,
