@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import sys
 
 import typer
 from rich.console import Console
@@ -33,6 +35,27 @@ def _table(rows: list[dict], metric: str) -> Table:
         t.add_row(r["trial"], str(r["B"]), f"{r['lr']:.3g}", f"{r['samples']:,}",
                   "-" if m is None else f"{m:.3f}", status)
     return t
+
+
+def _plain_progress(metric: str):
+    """A progress function for a profile without a terminal: one line on stderr, flushed,
+    when a trial starts running and when it ends (its status, samples, training seconds and
+    last `metric`), so a log file shows the profile as it goes."""
+    seen: dict[str, str] = {}
+
+    def show(rows: list[dict]) -> None:
+        for r in rows:
+            status = r["status"]
+            if status == "pending" or seen.get(r["trial"]) == status:
+                continue
+            seen[r["trial"]] = status
+            m = r["metric"]
+            stop = f" ({r['stop_code']})" if r.get("stop_code") else ""
+            print(f"trial {r['trial']} (B={r['B']}, lr {r['lr']:.3g}): {status}{stop}, "
+                  f"{r['samples']:,} samples, {r['train_s']:,.1f} s, {metric} "
+                  f"{'-' if m is None else f'{m:.3f}'}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def profile(
@@ -91,8 +114,15 @@ def profile(
 
 
 def _run_live(run, cfg, out_dir: str, ex) -> dict:
-    """The profile under a live table. SIGTERM or SIGHUP end it as Ctrl-C does, and its
-    trials still running are stopped (each writes down its end), not left orphaned."""
+    """The profile under a live table on a terminal, and otherwise (stderr to a file or a
+    pipe) a plain line per trial as it starts and as it ends. SIGTERM or SIGHUP end it as
+    Ctrl-C does, and its trials still running are stopped (each writes down its end), not
+    left orphaned."""
+    if not err.is_terminal:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(stop_signals())
+            stack.callback(ex.shutdown)
+            return run(cfg, out_dir, ex, progress=_plain_progress(cfg.target.metric))
     try:
         with stop_signals(), Live(_table([], cfg.target.metric), console=err,
                                   refresh_per_second=2) as live:
