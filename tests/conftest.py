@@ -2,11 +2,20 @@
 2 cores) under <repo>/.rlbatch-cache unless RLBATCH_CACHE is set; subprocesses inherit it.
 
 Tests that build, train on or profile a warm-started model carry the marker `trained`
-(tests/README.md): where such a run lands depends on the CPU's arithmetic, so CI runs them a
-second time under another `ATEN_CPU_CAPABILITY`. A test that requests `tiny_model_dir` is
-marked by itself; any other test that reaches the model (through the CLI, a subprocess or a
-build) must say so with `@pytest.mark.trained`, or it errors here: every use of the model is
-logged (`RLBATCH_MODEL_USE_LOG`) and checked against the marker after each test.
+(tests/README.md). A test that requests `tiny_model_dir` is marked by itself; any other test
+that reaches the model (through the CLI, a subprocess or a build) must say so with
+`@pytest.mark.trained`, or it errors here: every use of the model is logged
+(`RLBATCH_MODEL_USE_LOG`) and checked against the marker after each test.
+
+Every `trained` test is also classified, or collection fails: `lands` when its outcome can
+depend on where a run lands on this CPU's arithmetic (a learning fact, the build's band; CI
+runs these a second time under another `ATEN_CPU_CAPABILITY`), `landing_free` when its
+assertions hold wherever the run lands (budgets, equality with a run on the same machine,
+refusals).
+
+At the end of a session the ten slowest tests (setup plus call) are listed, and a warning
+line names every test over `RLBATCH_SLOW_TEST_S` seconds (60 by default), so that growth is
+seen by the change that causes it.
 """
 
 from __future__ import annotations
@@ -35,9 +44,40 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(items):
+    unclassified = []
     for item in items:
         if "tiny_model_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.trained)
+        if item.get_closest_marker("trained") is not None and \
+                not any(item.get_closest_marker(m) for m in ("lands", "landing_free")):
+            unclassified.append(item.nodeid)
+    if unclassified:
+        raise pytest.UsageError(
+            f"{len(unclassified)} trained test(s) not classified: mark each `lands` or "
+            f"`landing_free` (tests/README.md): {', '.join(unclassified)}")
+
+
+_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "call"):
+        _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _SECONDS:
+        return
+    tr = terminalreporter
+    limit = float(os.environ.get("RLBATCH_SLOW_TEST_S", "60"))
+    ranked = sorted(_SECONDS.items(), key=lambda kv: -kv[1])
+    tr.write_sep("=", "ten slowest tests (setup + call)")
+    for nodeid, seconds in ranked[:10]:
+        tr.write_line(f"{seconds:8.1f} s  {nodeid}")
+    over = [f"{nodeid} ({seconds:.0f} s)" for nodeid, seconds in ranked if seconds > limit]
+    if over:
+        tr.write_line(f"warning: {len(over)} test(s) over {limit:g} s of setup plus call: "
+                      + ", ".join(over))
 
 
 def _model_users(log: Path) -> set[str]:

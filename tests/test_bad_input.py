@@ -20,6 +20,9 @@ from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
 from test_report_figures import ACC, write_profile, write_sweep
 
+# every trained test here holds wherever a run lands (tests/README.md)
+pytestmark = pytest.mark.landing_free
+
 REPO = Path(__file__).resolve().parents[1]
 INGEST = REPO / "tests" / "fixtures" / "ingest"
 VERL_LOG = INGEST / "verl" / "metrics.jsonl"

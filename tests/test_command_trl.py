@@ -31,6 +31,17 @@ import yaml
 from helpers.profile_kill import kill_profile_when
 from rlbatch.core.runlog import read_json, read_jsonl
 
+# Slow (`make test-slow`): about five minutes of TRL training. The fast tests that check the
+# same contracts: test_command::test_trl_flags_count_optimizer_steps_and_resume_from_the_newest_checkpoint
+# (TRL's flags and `--resume_from_checkpoint` from the newest checkpoint),
+# test_command::test_a_resumed_attempt_replaces_rows_after_its_checkpoint_and_continues_the_clock,
+# test_command_profile::test_a_killed_profile_reruns_no_finished_trial,
+# test_profile_rules::test_driver_records_a_trial_that_ended_without_finishing_its_run_and_goes_on
+# and test_command::test_a_crashing_command_fails_the_run_in_one_line (a failed trial is left
+# out and the profile goes on), test_ingest (TRL's logs), and test_trl_backend (TRL's
+# GRPOTrainer on the tiny model, a profile included).
+pytestmark = [pytest.mark.lands, pytest.mark.slow]
+
 pytest.importorskip("trl")
 
 HELPERS = Path(__file__).resolve().parent / "helpers"

@@ -28,6 +28,9 @@ from helpers.kill import Schedule, cli, env, kill, kill_at, run_dir_in, stable, 
 from helpers.profile_kill import logged_steps
 from rlbatch.core.runlog import FINISHED, read_run
 
+# every trained test here holds wherever a run lands (tests/README.md)
+pytestmark = pytest.mark.landing_free
+
 KILL_SEED = int(os.environ.get("RLBATCH_KILL_SEED", "16"))
 
 # 24 steps of 64 sequences; evaluations every 8 steps, checkpoints every 4

@@ -25,6 +25,9 @@ import pytest
 from helpers.profile_kill import kill_profile_when, logged_steps
 from rlbatch.core.runlog import read_jsonl, read_run
 
+# a learning outcome decides these: CI runs them under another kernel choice too
+pytestmark = pytest.mark.lands
+
 PROBE = ["--strategy", "probe", "--batches", "64", "--concurrency", "64",
          "--set", "target.gain=0.12", "--set", "eval.prompts=512",
          "--set", "eval.every_samples=128", "--set", "profile.min_evaluations=2",

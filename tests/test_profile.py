@@ -34,6 +34,14 @@ import pytest
 from helpers.profile_kill import kill_profile_when
 from rlbatch.core.runlog import read_jsonl
 
+# Slow (`make test-slow`): about five minutes of training. The fast tests that check the same
+# contracts: test_profile_rules::test_profile_confirms_a_faster_larger_batch_and_decides_on_two_seeds
+# (the procedure screens, confirms and decides on two seeds each), test_command_profile::
+# test_a_killed_profile_reruns_no_finished_trial (a killed profile re-runs no finished trial),
+# test_command_profile::test_rlbatch_train_as_a_command_decides_as_the_builtin_analysis_of_its_runs
+# (the profile's decision is `analyze`'s on the same runs).
+pytestmark = [pytest.mark.lands, pytest.mark.slow]
+
 WINS = ["--batches", "64", "--concurrency", "64", "--set", "target.gain=0.12",
         "--set", "eval.prompts=512", "--set", "eval.every_samples=128",
         "--set", "profile.min_evaluations=2",

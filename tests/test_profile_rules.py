@@ -406,3 +406,33 @@ def test_profile_refuses_when_even_every_step_is_too_few():
     ev = {"dense_every": 60, "evaluations_before_target": 1, "median_nstar": 700.0}
     with pytest.raises(UserError, match=r"^target.gain: the baseline reached the target"):
         procedure.denser_baseline(cfg, Path("."), 64, [0], ev, None, None)
+
+
+def test_profile_confirms_a_faster_larger_batch_and_decides_on_two_seeds(tmp_path):
+    """The whole default procedure on scripted runs whose answer is known: B = 512 needs the
+    baseline's samples (each seed its own N*) at 3.5x its throughput. The baseline runs two
+    seeds, the candidate is screened on one and confirmed on a second, and the decision is
+    the candidate, shown faster on two seeds each. The fast form of test_profile's
+    constructed winner (slow), which trains the tiny model to the same end."""
+    out = tmp_path
+    cfg = quick("profile.prompts_per_step=[64]", "profile.concurrency=[]",
+                "profile.fixed_lr_control=false", f"output_dir={out / 'runs'}")
+
+    def curve(cross: float, q: float, every: int) -> list[tuple[int, float, float]]:
+        # accuracy 0.30 at step 0, rising linearly to step 0 + 0.15 at `cross` samples
+        return [(s, s / q, 0.30 + 0.15 * s / cross) for s in range(0, 8193, every)]
+
+    ex = ResumingExecutor({"base-P16-s0": curve(3000, 100.0, 128),
+                           "base-P16-s1": curve(3400, 100.0, 128),
+                           "sqrt-P64-s0": curve(3100, 350.0, 512),
+                           "sqrt-P64-s1": curve(3300, 350.0, 512)})
+    doc = procedure.run_profile(cfg, out, ex, poll_s=0.0)
+    assert ex.submitted == ["base-P16-s0", "base-P16-s1", "sqrt-P64-s0", "sqrt-P64-s1"]
+    assert doc["problem"] is None
+    d = doc["decision"]
+    assert (d["sequences_per_step"], d["evidence"], d["is_reference"]) == (512, "established",
+                                                                           False)
+    assert [c["seeds"] for c in d["compared"]] == [2, 2]
+    assert d["time_ratio_ci"][1] < 1.0
+    cand = next(c for c in doc["analysis"]["configs"] if c["sequences_per_step"] == 512)
+    assert cand["vs_reference"]["throughput_ratio"] == pytest.approx(3.5, rel=0.01)

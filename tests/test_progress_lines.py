@@ -8,7 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from rlbatch.core.runlog import read_run
+
+# every trained test here holds wherever a run lands (tests/README.md)
+pytestmark = pytest.mark.landing_free
 
 
 def test_progress_lines_reach_a_log_file_while_the_run_goes_on(tiny_model_dir, tmp_path):

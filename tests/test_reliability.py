@@ -227,6 +227,7 @@ def test_json_files_are_strict(tmp_path):
 
 # ---------------------------------------------------------------- runs that fail
 
+@pytest.mark.landing_free
 def test_reward_past_the_error_rate_fails_the_run_with_its_reason(tiny_model_dir, tmp_path):
     res = _rlbatch("train", "--preset", "grpo-tiny", "--out", str(tmp_path),
                    *set_flags(SMALL + ["task.reward=faulty_rewards:always_raises",
@@ -260,6 +261,7 @@ def test_reward_past_the_error_rate_fails_the_run_with_its_reason(tiny_model_dir
     assert "--resume" in again.stderr
 
 
+@pytest.mark.landing_free
 def test_trl_backend_same_policy_and_failed_status(tiny_model_dir, tmp_path):
     pytest.importorskip("trl")
     trl = ["backend=trl", "batch.prompts_per_step=4", "batch.samples_per_prompt=4",
@@ -278,6 +280,7 @@ def test_trl_backend_same_policy_and_failed_status(tiny_model_dir, tmp_path):
     assert [(r["step"], r["reward/errors"], r["reward/mean"]) for r in run.steps] == [(1, 16, 0.0)]
 
 
+@pytest.mark.landing_free
 def test_nonfinite_rewards_are_counted_and_never_reach_the_loss(tiny_model_dir, tmp_path):
     """NaN on every call: faults, not a diverged run; with the limit raised the run ends on
     its budget with every update finite and evaluation saying it could measure nothing."""
@@ -297,6 +300,7 @@ def test_nonfinite_rewards_are_counted_and_never_reach_the_loss(tiny_model_dir, 
     _strict_json(Path(summary["run_dir"]) / "summary.json")
 
 
+@pytest.mark.landing_free
 @pytest.mark.parametrize("preset", ["grpo-tiny", "ppo-tiny"])
 def test_on_error_drop_leaves_faulted_samples_out(tiny_model_dir, tmp_path, preset):
     res = _rlbatch("train", "--preset", preset, "--out", str(tmp_path), "--json",
@@ -337,6 +341,7 @@ def _stable(rows):
     return [{k: v for k, v in r.items() if not k.startswith(STABLE_SKIP)} for r in rows]
 
 
+@pytest.mark.landing_free
 @pytest.mark.parametrize("sig, code, failure", [
     (signal.SIGTERM, 128 + signal.SIGTERM, "terminated by SIGTERM"),
     pytest.param(signal.SIGINT, 130, "interrupted by SIGINT", marks=pytest.mark.slow),
@@ -403,10 +408,12 @@ def _acceptance(tmp_path, budget: int, extra: list[str]) -> tuple[dict, object]:
     return summary, run
 
 
+@pytest.mark.landing_free
 def test_acceptance_fast_flaky_reward_runs_to_its_budget(tiny_model_dir, tmp_path):
     _acceptance(tmp_path, 1024, ["eval.every_samples=512", "eval.prompts=256"])
 
 
+@pytest.mark.lands
 @pytest.mark.slow
 def test_acceptance_flaky_reward_accuracy_still_rises(tiny_model_dir, tmp_path):
     _, run = _acceptance(tmp_path, 8192, ["eval.every_samples=2048"])

@@ -10,6 +10,9 @@ import pytest
 from rlbatch.cli.main import main
 from rlbatch.core.runlog import read_run
 
+# every trained test here holds wherever a run lands (tests/README.md)
+pytestmark = pytest.mark.landing_free
+
 
 def test_response_length_keys_follow_the_step_responses(tiny_model_dir, tmp_path, capsys):
     # a hot temperature and room for 12 tokens: the addition model's responses vary in length

@@ -194,6 +194,7 @@ def test_fixed_length_encoding_is_unchanged():
                                     + [tok.eos_token_id] for e in examples]
 
 
+@pytest.mark.landing_free
 @pytest.mark.trained
 def test_variable_length_build_runs_end_to_end(tmp_path):
     """A short runsum build with a band every model is in: exercises the variable-length SFT
@@ -214,6 +215,7 @@ def test_variable_length_build_runs_end_to_end(tmp_path):
     assert cfg["max_position_embeddings"] == 256
 
 
+@pytest.mark.lands
 @pytest.mark.slow
 @pytest.mark.trained
 def test_runsum_model_build_lands_in_band(tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,21 +205,24 @@ def test_band_search_waits_for_every_answer_position():
     assert search.decide(0.35, [0.9, 0.9, 0.4, 0.9]) == "accept"
 
 
-def _build_in_a_child(cache, log, recipe, queue):  # runs in a forked process
-    import os
+_BUILD_IN_A_CHILD = """
+import json, os, sys
+from dataclasses import replace
+from rlbatch.rollout import tiny_model
 
-    from rlbatch.rollout import tiny_model
+real = tiny_model.build_tiny
 
-    os.environ["RLBATCH_CACHE"] = str(cache)
-    real = tiny_model.build_tiny
+def counted(*args, **kwargs):
+    with open(sys.argv[1], "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
+    return real(*args, **kwargs)
 
-    def counted(*args, **kwargs):
-        with open(log, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
-        return real(*args, **kwargs)
-
-    tiny_model.build_tiny = counted
-    queue.put(str(tiny_model.tiny_model_path(recipe)))
+tiny_model.build_tiny = counted
+recipe = replace(tiny_model.recipe_for("runsum", 1), hidden=32, mlp=64, layers=2,
+                 max_sft_steps=4, check_every=2, check_prompts=16, sft_examples_per_step=16,
+                 band_low=0.0, min_position_accuracy=0.0, report_prompts=16)
+print(tiny_model.tiny_model_path(recipe))
+"""
 
 
 @pytest.mark.trained
@@ -226,22 +230,18 @@ def _build_in_a_child(cache, log, recipe, queue):  # runs in a forked process
 def test_two_processes_on_an_empty_cache_build_the_model_once(tmp_path):
     """Two processes that ask for the same uncached model at once: one builds it, the other
     waits for that build and reads it (a short recipe, so the race is cheap to run)."""
-    import multiprocessing as mp
+    import os
+    import subprocess
+    import sys
 
-    recipe = replace(recipe_for("runsum", 1), hidden=32, mlp=64, layers=2, max_sft_steps=4,
-                     check_every=2, check_prompts=16, sft_examples_per_step=16, band_low=0.0,
-                     min_position_accuracy=0.0, report_prompts=16)
-    ctx = mp.get_context("fork")
-    queue, log = ctx.Queue(), tmp_path / "builds.log"
-    procs = [ctx.Process(target=_build_in_a_child, args=(tmp_path / "cache", log, recipe, queue))
+    log = tmp_path / "builds.log"
+    env = dict(os.environ, RLBATCH_CACHE=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD_IN_A_CHILD, str(log)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0
-    paths = {queue.get(timeout=5) for _ in procs}
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    (path,) = {out.strip() for out, _ in outs}
     assert len(log.read_text().splitlines()) == 1  # built once
-    (path,) = paths
-    assert json.loads((tmp_path / "cache" / "models" / path.split("/")[-1] /
-                       "rlbatch_build.json").read_text())["recipe"]["task"] == "runsum"
+    assert json.loads((Path(path) / "rlbatch_build.json").read_text())["recipe"]["task"] == \
+        "runsum"

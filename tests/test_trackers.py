@@ -16,6 +16,9 @@ from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError
 from rlbatch.core.loading import validate_config
 
+# every trained test here holds wherever a run lands (tests/README.md)
+pytestmark = pytest.mark.landing_free
+
 CONFIG = {"name": "trk", "batch": {"prompts_per_step": 8}, "seed": 0}
 ROWS = [  # two steps and two evaluations, as the trainer writes them
     {"step": 0, "samples": 0, "train_s": 0.0, "eval/accuracy": 0.25},

@@ -15,6 +15,9 @@ import pytest
 from helpers.cli import run_cli, set_flags
 from rlbatch.core.runlog import STEP_REQUIRED, read_run
 
+# every trained test here holds wherever a run lands (tests/README.md)
+pytestmark = pytest.mark.landing_free
+
 SMALL = ["batch.prompts_per_step=8", "batch.samples_per_prompt=8", "budget.max_samples=1024",
          "eval.every_samples=512", "eval.prompts=128"]
 

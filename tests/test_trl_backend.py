@@ -50,6 +50,7 @@ def trl_run(tiny_model_dir, tmp_path_factory):
     return out, json.loads(buf.getvalue().strip().splitlines()[-1])
 
 
+@pytest.mark.landing_free
 def test_trl_run_log_contract(trl_run):
     _, summary = trl_run
     run = read_run(summary["run_dir"])
@@ -84,6 +85,7 @@ def test_trl_run_log_contract(trl_run):
     assert summary["eval_s"] > 0
 
 
+@pytest.mark.landing_free
 def test_trl_run_is_idempotent_and_analyzable(trl_run, capsys):
     out, summary = trl_run
     code, stdout, stderr = _train(out, FULL, capsys)
@@ -98,6 +100,7 @@ def test_trl_run_is_idempotent_and_analyzable(trl_run, capsys):
     assert conf["samples_to_target"] == 0  # accuracy > 0.01 at the first evaluation
 
 
+@pytest.mark.landing_free
 def test_trl_interrupted_run_refused_then_resumed_exactly(trl_run, tmp_path, capsys):
     """Kill after step 2 (checkpoint at 32 samples), refuse without --resume, resume exactly."""
     from rlbatch.backends.trl.run import train_trl
@@ -136,6 +139,7 @@ def test_trl_rejects_ppo(tmp_path, capsys):
     assert code == 2 and "GRPO only" in stderr
 
 
+@pytest.mark.landing_free
 def test_trl_nonfinite_updates_are_skipped_then_diverged(tiny_model_dir, tmp_path, capsys,
                                                           monkeypatch):
     """A NaN loss: the update is skipped (weights stay finite), counted, and after
@@ -163,6 +167,7 @@ def test_trl_nonfinite_updates_are_skipped_then_diverged(tiny_model_dir, tmp_pat
     assert all(torch.isfinite(t).all() for t in load_file(ckpt / "model.safetensors").values())
 
 
+@pytest.mark.lands
 def test_profile_with_trl_backend(tiny_model_dir, tmp_path):
     """`rlbatch profile --backend trl`: every trial runs TRL's GRPOTrainer, and the
     profile's early stop (a STOP file) is honoured by the TRL backend too. Where the
