@@ -26,11 +26,12 @@ demo: setup
 	$(BIN)/rlbatch model build
 	$(BIN)/rlbatch profile --preset quick --out profiles/quick
 
-# Two workers, one test file each at a time (module fixtures are built once): the suite spends
-# much of its time waiting on subprocesses, so a serial run leaves a core idle.
+# Two workers, one test file each at a time (module fixtures are built once), in the order
+# tests/conftest.py gives the files: a serial run spends much of its time waiting on
+# subprocesses and leaves a core idle.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-slow: setup
 	$(BIN)/python -m pytest -m slow

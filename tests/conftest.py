@@ -55,6 +55,35 @@ def pytest_collection_modifyitems(items):
         raise pytest.UsageError(
             f"{len(unclassified)} trained test(s) not classified: mark each `lands` or "
             f"`landing_free` (tests/README.md): {', '.join(unclassified)}")
+    items[:] = sorted(items, key=_file_order(items))
+
+
+# The files that take longest (setup plus call, a serial run on 2 cores), longest first.
+LONGEST_FIRST = ("test_reliability.py", "test_ownership.py", "test_command_profile.py",
+                 "test_schedule.py", "test_fuzz.py", "test_trl_backend.py", "test_disk.py",
+                 "test_trainer.py", "test_kill.py", "test_command.py", "test_input_messages.py",
+                 "test_report.py", "test_gpu_check.py", "test_progress_lines.py")
+
+
+def _file_order(items):
+    """The order in which `make test`'s two workers take files (`--dist loadfile
+    --no-loadscope-reorder`): one file that needs the tiny model first (its worker builds
+    the model), the files that need no model next (the other worker runs them meanwhile
+    instead of waiting on the build), then the other trained files; longest first within
+    each group, so the run does not end on one worker's long file."""
+    def name(item) -> str:
+        return item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+
+    trained = {name(i) for i in items if i.get_closest_marker("trained") is not None}
+    rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
+    first = min(trained, key=lambda f: rank.get(f, len(rank)), default=None)
+
+    def key(item):
+        f = name(item)
+        group = 0 if f == first else (2 if f in trained else 1)
+        return group, rank.get(f, len(rank))
+
+    return key
 
 
 _SECONDS: dict[str, float] = {}
