@@ -32,12 +32,6 @@ os.environ.setdefault("RLBATCH_CACHE", str(REPO / ".rlbatch-cache"))
 
 
 def pytest_configure(config):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # one of `make test`'s workers: one intra-op thread for it and the processes it
-        # starts (a profile's trials still get the executor's share), so that two workers
-        # on two cores do not oversubscribe them
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        os.environ.setdefault("RLBATCH_THREADS", "1")
     fd, log = tempfile.mkstemp(prefix="rlbatch-model-use-", suffix=".jsonl")
     os.close(fd)
     os.environ["RLBATCH_MODEL_USE_LOG"] = log
