@@ -146,6 +146,25 @@ def test_trials_run_as_jobs_on_a_ray_cluster(ray_cluster, tmp_path):
         assert read_json(run / "summary.json")["status"] == "target_reached"
 
 
+def _standin_profile(tmp_path: Path, name: str, step_s: float) -> Path:
+    """A profile config whose trials are the stand-in command (verl's log format, a reward
+    rising with samples), each step taking `step_s` seconds: the baseline and B = 64."""
+    cfg = {"extends": "grpo-tiny", "name": name, "backend": "command",
+           "command": {"framework": "verl", "poll_s": 0.2, "stop_grace_s": 5,
+                       "argv": [sys.executable, str(HELPERS / "log_writer.py")],
+                       "env": {"LOG_WRITER_STEP_S": str(step_s)}},
+           "batch": {"prompts_per_step": 4, "samples_per_prompt": 8},
+           "optimizer": {"reference_sequences": 32, "reference_lr": 1e-4},
+           "target": {"metric": "eval/x/reward/mean@1", "value": 0.5, "gain": None},
+           "budget": {"max_samples": 1024}, "eval": {"every_samples": 64},
+           "checkpoint": {"every_samples": 128},
+           "profile": {"prompts_per_step": [8], "seeds": 1, "confirm_seeds": 0,
+                       "fixed_lr_control": False, "concurrency": [], "min_evaluations": 3}}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
 # ---------------------------------------------------------------- SIGTERM to the profile
 def test_sigterm_to_the_profile_stops_its_trials_and_a_rerun_resumes_them(tmp_path):
     """A scheduler's SIGTERM reaches the profile process alone: it stops its running trial
@@ -157,19 +176,7 @@ def test_sigterm_to_the_profile_stops_its_trials_and_a_rerun_resumes_them(tmp_pa
 
     from helpers.procs import alive
 
-    cfg = {"extends": "grpo-tiny", "name": "sigterm", "backend": "command",
-           "command": {"framework": "verl", "poll_s": 0.2, "stop_grace_s": 5,
-                       "argv": [sys.executable, str(HELPERS / "log_writer.py")],
-                       "env": {"LOG_WRITER_STEP_S": "0.3"}},
-           "batch": {"prompts_per_step": 4, "samples_per_prompt": 8},
-           "optimizer": {"reference_sequences": 32, "reference_lr": 1e-4},
-           "target": {"metric": "eval/x/reward/mean@1", "value": 0.5, "gain": None},
-           "budget": {"max_samples": 1024}, "eval": {"every_samples": 64},
-           "checkpoint": {"every_samples": 128},
-           "profile": {"prompts_per_step": [8], "seeds": 1, "confirm_seeds": 0,
-                       "fixed_lr_control": False, "concurrency": [], "min_evaluations": 3}}
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(cfg))
+    config = _standin_profile(tmp_path, "sigterm", step_s=0.3)
     out = tmp_path / "p"
     cmd = [*RLBATCH, "profile", str(config), "--out", str(out), "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -206,19 +213,7 @@ def test_a_killed_profile_reruns_no_finished_trial(tmp_path):
     backend."""
     from helpers.profile_kill import kill_profile_when
 
-    cfg = {"extends": "grpo-tiny", "name": "killed", "backend": "command",
-           "command": {"framework": "verl", "poll_s": 0.2, "stop_grace_s": 5,
-                       "argv": [sys.executable, str(HELPERS / "log_writer.py")],
-                       "env": {"LOG_WRITER_STEP_S": "0.05"}},
-           "batch": {"prompts_per_step": 4, "samples_per_prompt": 8},
-           "optimizer": {"reference_sequences": 32, "reference_lr": 1e-4},
-           "target": {"metric": "eval/x/reward/mean@1", "value": 0.5, "gain": None},
-           "budget": {"max_samples": 1024}, "eval": {"every_samples": 64},
-           "checkpoint": {"every_samples": 128},
-           "profile": {"prompts_per_step": [8], "seeds": 1, "confirm_seeds": 0,
-                       "fixed_lr_control": False, "concurrency": [], "min_evaluations": 3}}
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(cfg))
+    config = _standin_profile(tmp_path, "killed", step_s=0.05)
     out = tmp_path / "p"
 
     def ready(events: list[dict]) -> bool:
