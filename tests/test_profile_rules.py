@@ -436,3 +436,36 @@ def test_profile_confirms_a_faster_larger_batch_and_decides_on_two_seeds(tmp_pat
     assert d["time_ratio_ci"][1] < 1.0
     cand = next(c for c in doc["analysis"]["configs"] if c["sequences_per_step"] == 512)
     assert cand["vs_reference"]["throughput_ratio"] == pytest.approx(3.5, rel=0.01)
+
+
+def test_futility_limits_stop_a_run_of_a_configuration_at_the_smallest_effect_at_the_stated_rate():
+    """The `futility` rule: a run of a configuration truly faster by `smallest_effect` (10%)
+    is stopped `cannot_win` in at most `futility_alpha` (5%) of draws, and a run of one
+    needing exp(margin) x the baseline's N* is stopped `no_crossing` as rarely; here drawn
+    with the baseline's two seeds and the candidate's run at the assumed spread (0.35)."""
+    import random
+    import statistics
+
+    prof = quick("profile.early_stop_rule=futility").profile
+    ev = {"log_times": [math.log(10.0)] * 2, "log_nstars": [math.log(3000.0)] * 2}
+    t_lim, n_lim, _ = procedure.stop_limits(ev, prof)
+    widen = 1.6449 * 0.35 * math.sqrt(1.5)
+    assert t_lim == pytest.approx(10.0 / 1.1 * math.exp(widen), rel=1e-3)
+    assert n_lim == pytest.approx(3000.0 * 1.15 * math.exp(widen), rel=1e-3)
+    rng = random.Random(1)
+    stops_t = stops_n = 0
+    draws = 20000
+    for _ in range(draws):
+        lt = [rng.gauss(0.0, 0.35) for _ in range(2)]
+        t, n, _ = procedure.stop_limits({"log_times": lt, "log_nstars": lt}, prof)
+        run = rng.gauss(-math.log(1.1), 0.35)
+        stops_t += math.exp(run) > t
+        stops_n += math.exp(rng.gauss(prof.margin, 0.35)) > n
+    # at most 5% (the baseline's sample sd, when above 0.35, only widens the limit); a rule
+    # without the baseline's own uncertainty (sqrt(1 + 1/n)) would stop about 9%
+    for rate in (stops_t / draws, stops_n / draws):
+        assert 0.035 < rate < 0.053
+    med = procedure.stop_limits({**ev, "median_time": 10.0, "max_nstar": 3000.0},
+                                quick().profile)
+    assert med[:2] == (10.0, pytest.approx(3000.0 * 1.15)) and med[2] is None
+    assert statistics.NormalDist().inv_cdf(0.95) == pytest.approx(1.6449, abs=1e-4)

@@ -115,3 +115,21 @@ def test_tracker_sinks_do_not_change_run_identity():
     b = dict(a, trackers=["tensorboard", "mlflow"])
     assert make_run_id(a, 0) == make_run_id(b, 0)
     assert configuration(a) == configuration(b)
+
+
+def test_last_jsonl_row_reads_the_last_complete_row_from_the_end(tmp_path):
+    from rlbatch.core.runlog import last_jsonl_row
+
+    p = tmp_path / "steps.jsonl"
+    assert last_jsonl_row(p) is None
+    p.write_bytes(b"")
+    assert last_jsonl_row(p) is None
+    rows = [{"step": i, "samples": 128 * i, "pad": "x" * 40} for i in range(50)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert last_jsonl_row(p) == rows[-1]
+    with open(p, "ab") as f:
+        f.write(b'{"step": 50, "sam')  # killed mid-write: passed over, as read_jsonl does
+    assert last_jsonl_row(p) == rows[-1] == read_jsonl(p)[0][-1]
+    # a tail shorter than the file starts inside a row: that piece is not taken for a row
+    for tail in (30, 64, 100, 200):
+        assert last_jsonl_row(p, tail_bytes=tail) == rows[-1]

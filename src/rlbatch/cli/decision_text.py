@@ -56,7 +56,8 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
                      f"baseline, across {rec['seeds']} seeds")
     alpha = rec.get("alpha", 0.05)
     why = {"established": f"its time-to-target advantage is shown at one-sided {alpha:.0%}",
-           "none_faster": "no candidate can be faster than the baseline",
+           "none_faster": "no candidate was shown faster, and none is left open (each was "
+                          "stopped early, departed, or slower at its point estimate)",
            "not_enough": "no candidate's advantage is shown yet"}[rec["evidence"]]
     nstar = ("N* from a stretch fitted to each run's rising curve"
              if str(rec.get("statistic", "")).startswith("stretch")

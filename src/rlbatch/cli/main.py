@@ -26,6 +26,7 @@ from rlbatch.cli import (
     model_cmds,
     plan_cmds,
     profile_cmds,
+    replay_cmds,
     report_cmds,
     train_cmds,
 )
@@ -74,7 +75,7 @@ def _flag_type(self, ctx):
 _option_type = TyperOption.display_type_rich
 TyperOption.display_type_rich = _flag_type
 for _module in (config_cmds, model_cmds, train_cmds, decode_cmds, profile_cmds, analyze_cmds,
-                data_cmds, plan_cmds, ingest_cmds, report_cmds):  # the order of `rlbatch --help`
+                data_cmds, plan_cmds, ingest_cmds, report_cmds, replay_cmds):  # the order of `rlbatch --help`
     _module.register(app)
 _tidy_help(app)
 

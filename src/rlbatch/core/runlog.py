@@ -42,6 +42,22 @@ EVAL_REQUIRED = ("step", "samples", "train_s")
 STATUSES = ("running", "target_reached", "budget_exhausted", "stopped", "diverged", "failed")
 
 
+# libyaml's parser and emitter when PyYAML has them (the same documents, several times
+# faster): for the config.yaml files that programs write and read back
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def yaml_text(obj: Any) -> str:
+    """`yaml.safe_dump(obj, sort_keys=False)`, with libyaml when available."""
+    return yaml.dump(obj, Dumper=_DUMPER, sort_keys=False)
+
+
+def yaml_data(text: str) -> Any:
+    """`yaml.safe_load(text)`, with libyaml when available."""
+    return yaml.load(text, Loader=_LOADER)
+
+
 def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
@@ -237,7 +253,7 @@ class RunWriter:
             raise
 
     def write_config(self, resolved: dict) -> None:
-        atomic_write_text(self.dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+        atomic_write_text(self.dir / "config.yaml", yaml_text(resolved))
 
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_json(self.dir / "manifest.json", manifest)
@@ -336,6 +352,38 @@ def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
     return rows, warnings
 
 
+def last_jsonl_row(path: Path, tail_bytes: int = 65536) -> dict | None:
+    """The last complete row of a JSONL file, read from its end (a cut last line is passed
+    over, as `read_jsonl` ignores it); None when the file is absent or has none. What a
+    watcher polling a growing log needs, without reading all of it each time."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - tail_bytes))
+            chunk = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        rows = read_jsonl(path)[0]  # names the file in its DataError
+        return rows[-1] if rows else None
+    lines = chunk.split(b"\n")
+    whole = size <= tail_bytes
+    for raw in reversed(lines if whole else lines[1:]):  # the first piece may be cut
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if isinstance(obj, dict):
+            return obj
+    if whole:
+        return None
+    rows = read_jsonl(path)[0]
+    return rows[-1] if rows else None
+
+
 @dataclass
 class Run:
     dir: Path
@@ -400,7 +448,7 @@ def read_run(run_dir: str | Path) -> Run:
     cfg_path = d / "config.yaml"
     if cfg_path.exists():
         try:
-            config = yaml.safe_load(_read_bytes(cfg_path).decode("utf-8", "replace")) or {}
+            config = yaml_data(_read_bytes(cfg_path).decode("utf-8", "replace")) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = f":{mark.line + 1}" if mark else ""

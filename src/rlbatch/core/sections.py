@@ -355,6 +355,19 @@ class ProfileConfig(StrictModel):
     concurrency: list[int] = Field([16, 64, 256], max_length=MAX_LIST,
                                    description="decode sweep; [] = keep C")
     early_stop: bool = Field(True, description="stop candidates that missed the crossing or cannot win")
+    early_stop_rule: Literal["median", "futility"] = Field(
+        "median", description="median: stop a candidate past the baseline's median T "
+        "(cannot_win) or past exp(margin) x its largest N* (no_crossing); futility: only once "
+        "a configuration faster than the baseline by profile.smallest_effect (cannot_win), or "
+        "needing exp(margin) x its N* (no_crossing), would have crossed by then in all but "
+        "profile.futility_alpha of its runs (docs/analysis.md, 'The profile's early stopping')")
+    smallest_effect: float = Field(0.1, gt=0, le=10, description="futility: the smallest "
+                                   "speed-up worth finding (0.1: T ratio 1/1.1)")
+    futility_alpha: float = Field(0.05, gt=0, lt=0.5, description="futility: the chance of "
+                                  "stopping a run of a configuration at that effect")
+    futility_sd: float = Field(0.35, gt=0, le=5, description="futility: the run-to-run sd "
+                               "of log T and log N* assumed when the baseline's seeds show "
+                               "less (two seeds cannot estimate it)")
     min_evaluations: int = Field(10, ge=1, description="evaluations the baseline's N* must "
                                  "be resolved by (else the profile refuses and names the "
                                  "interval to set)")

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
 from rlbatch.core.config import Config
@@ -30,9 +28,11 @@ from rlbatch.core.runlog import (
     atomic_write_json,
     atomic_write_text,
     ended_for_good,
+    last_jsonl_row,
     make_dir,
     read_json,
     read_jsonl,
+    yaml_text,
 )
 from rlbatch.profile.trials import Trial, baseline_prompts
 
@@ -55,14 +55,13 @@ class Journal:
 def trial_status(trial: Trial) -> dict:
     d = trial.run_dir()
     summary = read_json(d / "summary.json")
-    steps = read_jsonl(d / "steps.jsonl")[0]
-    evals = read_jsonl(d / "evals.jsonl")[0]
-    last = steps[-1] if steps else {}
+    last = last_jsonl_row(d / "steps.jsonl") or {}
+    last_eval = last_jsonl_row(d / "evals.jsonl")
     metric = trial.config.target.metric
     return {"trial": trial.name, "kind": trial.kind, "B": trial.sequences_per_step,
             "lr": trial.config.actor_lr, "seed": trial.seed,
             "samples": last.get("samples", 0), "train_s": last.get("train_s", 0.0),
-            "metric": evals[-1].get(metric) if evals else None,
+            "metric": last_eval.get(metric) if last_eval else None,
             "status": summary.get("status", "pending"), "target": summary.get("target") or {},
             "stop_reason": summary.get("stop_reason"), "stop_code": summary.get("stop_code"),
             "failure": summary.get("failure"), "run_dir": str(d)}
@@ -80,7 +79,7 @@ class Driver:
     def __init__(self, cfg: Config, out: Path, executor, journal: Journal,
                  progress: Progress | None, poll_s: float = 0.5):
         self.cfg, self.out, self.ex, self.journal = cfg, out, executor, journal
-        self.progress = progress or (lambda rows: None)
+        self.progress = progress
         self.poll_s = poll_s
         self.all: list[Trial] = []
         self.failed: dict[str, str] = {}  # trial name -> why, for the trials that failed
@@ -118,9 +117,14 @@ class Driver:
                 if reason and not stop.exists():
                     atomic_write_text(stop, reason)
                     self.journal.log("stop_requested", trial=name, reason=reason)
+            self._show()
+            if self.poll_s:
+                time.sleep(self.poll_s)
+        self._show()
+
+    def _show(self) -> None:
+        if self.progress is not None:  # statuses are read only for someone to see
             self.progress([trial_status(t) for t in self.all])
-            time.sleep(self.poll_s)
-        self.progress([trial_status(t) for t in self.all])
 
     def _failed(self, fin, why: str) -> None:
         """A trial that failed is written down and left out; the profile goes on (a re-run
@@ -130,7 +134,7 @@ class Driver:
 
     def _submit(self, t: Trial) -> None:
         cfg_path = self.out / "trials" / f"{t.name}.yaml"
-        atomic_write_text(cfg_path, yaml.safe_dump(t.config.resolved_dict(), sort_keys=False))
+        atomic_write_text(cfg_path, yaml_text(t.config.resolved_dict()))
         log = self.out / "logs" / f"{t.name}.log"
         self.ex.submit(t.name, cfg_path, log)
         self.journal.log("started", trial=t.name, run_dir=str(t.run_dir()))

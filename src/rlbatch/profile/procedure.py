@@ -35,21 +35,52 @@ from rlbatch.profile.driver import (
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
 
 
-def early_stop_reason(st: dict, base_median_time: float, nstar_limit: float) -> str | None:
+def early_stop_reason(st: dict, base_median_time: float, nstar_limit: float,
+                      why: tuple[str, str] | None = None) -> str | None:
     """Why a running trial should stop ("<code>: <detail>"), or None. `st` is its status row
-    (samples, train_s, target.reached). Codes: `no_crossing` (past exp(margin) x the
-    baseline's largest N* without a crossing), `cannot_win` (past the baseline's median time
-    to target without a crossing). Baseline trials are never stopped: every comparison is
-    anchored on them."""
+    (samples, train_s, target.reached). Codes: `no_crossing` (past `nstar_limit` samples
+    without a crossing), `cannot_win` (past `base_median_time` training seconds without a
+    crossing); `why` names the two limits in words (default: the `median` rule's, exp(margin)
+    x the baseline's largest N* and its median time to target). Baseline trials are never
+    stopped: every comparison is anchored on them."""
     if st.get("kind") == "baseline" or st["target"].get("reached"):
         return None
+    n_why, t_why = why or ("exp(margin) x the baseline's largest N* =",
+                           "the baseline's median time to target")
     if st["samples"] >= nstar_limit:
-        return (f"no_crossing: no crossing by {st['samples']:,} samples, beyond exp(margin) x "
-                f"the baseline's largest N* = {nstar_limit:,.0f}")
+        return (f"no_crossing: no crossing by {st['samples']:,} samples, beyond {n_why} "
+                f"{nstar_limit:,.0f}")
     if st["train_s"] > base_median_time:
         return (f"cannot_win: {st['train_s']:.1f} training seconds without a crossing, beyond "
-                f"the baseline's median time to target {base_median_time:.1f} s")
+                f"{t_why} {base_median_time:.1f} s")
     return None
+
+
+def stop_limits(ev: dict, prof) -> tuple[float, float, tuple[str, str] | None]:
+    """(time limit, samples limit, their words) of the screening's early stops.
+
+    `median`: the baseline's median T, and exp(margin) x its largest N*.
+    `futility`: a one-sided test with error `futility_alpha` per run. If the candidate's
+    true T were the baseline's / (1 + smallest_effect), one of its runs would have log T
+    ~ N(mean log T_base - log(1 + effect), s^2 (1 + 1/n)) around the baseline's n-seed
+    mean, s the run-to-run sd (the baseline's, at least `futility_sd`): it is stopped past
+    the (1 - alpha) quantile of that. Likewise in samples at the edge of alignment, N*
+    ratio exp(margin)."""
+    if prof.early_stop_rule == "median":
+        return ev["median_time"], ev["max_nstar"] * math.exp(prof.margin), None
+    z = statistics.NormalDist().inv_cdf(1 - prof.futility_alpha)
+    lt, ln = ev["log_times"], ev["log_nstars"]
+    n = len(lt)
+    widen = math.sqrt(1 + 1 / n)
+    s_t = max(prof.futility_sd, statistics.stdev(lt) if n > 1 else 0.0)
+    s_n = max(prof.futility_sd, statistics.stdev(ln) if n > 1 else 0.0)
+    t_lim = math.exp(statistics.fmean(lt) - math.log1p(prof.smallest_effect) + z * s_t * widen)
+    n_lim = math.exp(statistics.fmean(ln) + prof.margin + z * s_n * widen)
+    conf = f"{1 - prof.futility_alpha:.0%}"
+    return t_lim, n_lim, (
+        (f"where a configuration needing exp(margin) x the baseline's N* crosses in {conf} of "
+        "runs:"), (f"where a configuration {prof.smallest_effect:.0%} faster than the baseline "
+        f"crosses in {conf} of runs:"))
 
 
 def baseline_evidence(base: list[Trial], cfg: Config) -> dict:
@@ -84,6 +115,8 @@ def baseline_evidence(base: list[Trial], cfg: Config) -> dict:
     evals = min(r["evaluations_before_target"] for r in crossed)
     out.update(median_time=statistics.median(r["time_to_target"] for r in crossed),
                median_nstar=statistics.median(nstars), max_nstar=nstars[-1],
+               log_times=[math.log(r["time_to_target"]) for r in crossed],
+               log_nstars=[math.log(x) for x in nstars],
                evaluations_before_target=evals)
     need = cfg.profile.min_evaluations
     if evals < need:
@@ -171,8 +204,9 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
                 max_nstar=ev["max_nstar"], candidate_eval_every=every)
     cands = plan_trials(cfg, runs, c, seeds, kinds=("sqrt", "control", "schedule"),
                         eval_every=every)
-    limit = ev["max_nstar"] * math.exp(prof.margin)
-    stopper = ((lambda st: early_stop_reason(st, ev["median_time"], limit))
+    t_limit, n_limit, why = stop_limits(ev, prof)
+    journal.log("stop_limits", rule=prof.early_stop_rule, time_s=t_limit, samples=n_limit)
+    stopper = ((lambda st: early_stop_reason(st, t_limit, n_limit, why))
                if prof.early_stop else None)
     driver.run(cands, stopper)
     decided = [t for t in driver.all if t not in sparse]  # the sparse baseline is superseded

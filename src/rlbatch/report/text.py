@@ -86,7 +86,8 @@ def decision_lines(d: dict) -> list[str]:
               + (f"{t['value']:g}." if t.get("value") is not None else
                  f"the step-0 evaluation + {t['gain']:g}."))]
     why = {"established": "its time-to-target advantage is shown across seeds",
-           "none_faster": "no candidate can be faster than the baseline",
+           "none_faster": "no candidate was shown faster, and none is left open (each was "
+                          "stopped early, departed, or slower at its point estimate)",
            "not_enough": "no candidate's advantage is shown yet"}
     lines.append(f"Evidence: {d.get('evidence')} ({why.get(d.get('evidence'), '-')}); "
                  f"compared: {', '.join(d.get('compared') or []) or 'none with 2 seeds'}.")

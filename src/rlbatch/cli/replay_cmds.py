@@ -1,0 +1,115 @@
+"""`rlbatch bank` and `rlbatch replay`: record every configuration of a profile at many seeds,
+then measure what the profile's decisions would have been on those runs."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve, stop_signals
+from rlbatch.core.errors import ConfigError
+
+
+def bank(
+    config: str | None = typer.Argument(None, help="profile config whose configurations "
+                                           "are recorded (the baseline, each candidate, the "
+                                           "fixed-LR control)"),
+    preset: str | None = PresetOption,
+    set_: list[str] | None = SetOption,
+    seeds: int = typer.Option(12, help="seeds per configuration (0 .. N-1 after `seed`)"),
+    out: str = typer.Option(..., "--out", help="bank directory (run directories and bank.json)"),
+    as_json: bool = typer.Option(False, "--json", help="print bank.json as JSON (last line)"),
+) -> None:
+    """Record a bank: every configuration a profile of CONFIG runs, at --seeds seeds each,
+    trained here one run at a time, each run past its crossing until its evaluations have
+    settled above the target (or to budget.max_samples). Re-run to resume: finished runs are
+    kept. Writes bank.json: each run's N*, T and throughput, with a checksum of those
+    figures. `rlbatch replay` then serves these runs to the profile's own code."""
+    from rlbatch.profile.bank import record_bank
+
+    if seeds < 1:
+        raise ConfigError("--seeds: give a positive number of seeds")
+    cfg = resolve(config, preset, set_)
+    with stop_signals():
+        doc = record_bank(cfg, out, list(range(cfg.seed, cfg.seed + seeds)))
+    if as_json:
+        print_json(doc)
+        return
+    crossed = sum(r["time_to_target"] is not None for r in doc["runs"])
+    print(f"bank: {out}/bank.json ({len(doc['runs'])} runs, {crossed} reached the target; "
+          f"checksum {doc['checksum']})")
+
+
+def replay(
+    config: str = typer.Argument(..., help="profile config, as `rlbatch profile` takes it"),
+    bank_dir: str = typer.Argument(..., help="folder of run directories (a bank from `rlbatch "
+                                             "bank`, or your own recorded sweep) whose "
+                                             "config.yaml match the profile's configurations"),
+    set_: list[str] | None = SetOption,
+    strategy: str = typer.Option("full", help="full | probe | all"),
+    replicates: int = typer.Option(200, help="replicated profiles per strategy"),
+    seed: int = typer.Option(0, help="seed of the replicates' draws of bank seeds"),
+    follow: int = typer.Option(3, help="times a replicate follows the decision's `next` "
+                                       "(more seeds, a larger budget)"),
+    as_json: bool = typer.Option(False, "--json", help="print the scores as JSON (last line)"),
+) -> None:
+    """What would the profile have decided on these runs, and how often would it have been
+    right? Each replicate runs the real profile code (its early stops, confirmations and
+    decision) on a random draw of the bank's seeds (the same draw for every configuration,
+    so same-seed pairs stay pairs), revealing each run's rows as its clock advances and
+    following `next` up to --follow times. Scored against the bank's truth (every seed of
+    every configuration): how often the pick is the best or within 5% of it, the mean
+    regret, how often it is slower than the baseline, the cost in baseline runs' time to
+    target, and how often the interval printed for the pick covers the truth. Two reference
+    rows: always keeping the baseline, and one seed of every configuration with the lowest T
+    picked."""
+    from rlbatch.profile.replay import STRATEGIES
+    from rlbatch.profile.replay import replay as run_replay
+
+    if strategy not in (*STRATEGIES, "all"):
+        raise ConfigError(f"--strategy: expected full, probe or all, not {strategy!r}")
+    if replicates < 1:
+        raise ConfigError("--replicates: give a positive number")
+    if follow < 0:
+        raise ConfigError("--follow: give 0 or more")
+    cfg = resolve(config, None, set_)
+    say = (lambda line: print(line, file=sys.stderr, flush=True))
+    strategies = list(STRATEGIES) if strategy == "all" else [strategy]
+    doc = run_replay(cfg, bank_dir, strategies, replicates, seed=seed, follow=follow, say=say)
+    if as_json:
+        print_json(doc)
+        return
+    for line in replay_lines(doc):
+        print(line)
+
+
+def _f(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def replay_lines(doc: dict) -> list[str]:
+    t = doc["truth"]
+    lines = [(f"bank: {doc['bank']} ({doc['seeds_in_bank']} seeds of every configuration); "
+             f"truth from all of them, T of the baseline {t['baseline_time_to_target_s']:.1f} s:")]
+    for c in t["configs"]:
+        ci = c["time_ratio_ci"] or [None, None]
+        lines.append(f"  {c['config']}: T ratio {_f(c['time_ratio'])} [{_f(ci[0])}, "
+                     f"{_f(ci[1])}], {c['crossed']}/{c['seeds']} seeds crossed, {c['verdict']}")
+    lines.append(f"  best (not departed): {t['best']}"
+                 + ("" if t["fastest"] == t["best"] else
+                    f"; fastest of all: {t['fastest']} (T ratio {_f(t['fastest_time_ratio'])}, "
+                    "departed)"))
+    lines.append("strategy        replicates  recommends  within5%  regret  slower  departed  "
+                 "cost(xT)  coverage")
+    for r in doc["strategies"]:
+        lines.append(f"{r['strategy']:<15} {r['replicates']:>10}  {r['recommends']:>10.2f}  "
+                     f"{r['picks_within_5pct']:>8.2f}  {r['mean_regret']:>6.2f}  "
+                     f"{r['slower_than_baseline']:>6.2f}  {r['picks_departed']:>8.2f}  "
+                     f"{r['median_cost']:>8.2f}  {_f(r['pick_interval_coverage']):>8}")
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bank")(bank)
+    app.command("replay")(replay)
