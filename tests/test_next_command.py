@@ -52,3 +52,18 @@ def test_the_command_line_is_the_one_main_was_given(capsys):
         main(["config", "presets", "--help"])
     capsys.readouterr()
     assert common.INVOKED == ["config", "presets", "--help"]  # not pytest's own argv
+
+
+def test_a_probe_pick_is_named_as_something_to_try_not_a_verdict():
+    """The probe strategy's pick rests on probes and one seed to the target against the
+    baseline's: its line says to try it and what would show it, never "use"."""
+    from rlbatch.cli.profile_cmds import probe_decision_line
+
+    d = {"is_reference": False, "sequences_per_step": 256, "lr": 2e-4, "outcome": "indicated",
+         "evidence": "probes + one seed to the target", "predicted_time_ratio": 0.7,
+         "predicted_time_ratio_ci": [0.3, 1.6]}
+    line = probe_decision_line(d)
+    assert line.startswith("decision: try B=256 lr 0.0002 (indicated by one seed")
+    assert "use B=" not in line and "--strategy full" in line
+    keep = probe_decision_line({**d, "is_reference": True, "sequences_per_step": 128})
+    assert keep.startswith("decision: keep the baseline B=128")

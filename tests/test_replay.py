@@ -248,6 +248,7 @@ def test_rlbatch_bank_records_every_configuration_and_resumes_without_retraining
         d = bank / r["run"]
         config = yaml.safe_load((d / "config.yaml").read_text())
         assert config["budget"]["stop_at_target"] is False
+        assert not (d / "checkpoints").exists()  # finished: its logs are all a replay reads
         assert r["status"] in ("stopped", "budget_exhausted", "target_reached")
         evals = read_jsonl(d / "evals.jsonl")[0]
         if r["samples_to_target"] is not None:
@@ -256,3 +257,20 @@ def test_rlbatch_bank_records_every_configuration_and_resumes_without_retraining
             assert (crossing["samples"], crossing["train_s"]) == (r["samples_to_target"],
                                                                    r["time_to_target"])
     assert [len(v) for v in load_bank(bank).runs.values()] == [2]
+
+
+def test_pairing_reports_the_same_seed_correlation_and_what_pairing_saves(saving):
+    """In the saving bank every configuration of a seed shares that seed's N* factor and
+    speed factor: log N* and log T correlate across configurations (up to the steps that discretize N*), the per-seed
+    log T ratio does not vary (a paired comparison needs no seeds to speak of), while the
+    unpaired difference carries both configurations' spread."""
+    from rlbatch.profile.replay import attach_crossings, pairing
+
+    _, cfg, bank_dir = saving
+    bank = load_bank(bank_dir)
+    attach_crossings(bank, cfg)
+    [row] = pairing(bank, profile_keys(cfg))
+    assert row["pairs"] == 8
+    assert row["corr_log_nstar"] > 0.9 and row["corr_log_time"] > 0.9  # steps discretize N*
+    assert row["sd_unpaired_log_time_ratio"] > 0.1
+    assert row["seed_factor"] < 0.1

@@ -28,6 +28,8 @@ RULE = ("lowest T = N*/q among configurations of the reference's LR-scaling fami
 REJECTED = ("departed", "slower", "too_easy", "reference")
 STATISTIC = ("crossing: N* is each run's first crossing of the target (docs/analysis.md, "
              "'Which statistic')")
+COMPARISON = ("unpaired: each configuration's seeds are independent samples (same-seed runs "
+              "of two configurations are not matched; docs/analysis.md, 'Replays')")
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -194,6 +196,7 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA)
         "next_seeds": next_seeds(plan, ref),
         "rule": RULE,
         "statistic": STATISTIC,
+        "comparison": COMPARISON,
     }
 
 

@@ -62,9 +62,10 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
     nstar = ("N* from a stretch fitted to each run's rising curve"
              if str(rec.get("statistic", "")).startswith("stretch")
              else "N* at each run's first crossing of the target")
+    paired = str(rec.get("comparison", "unpaired")).split(":", 1)[0]
     lines.append(f"evidence: {rec['evidence']} ({why}); geometric means across seeds, {ci} "
                  f"intervals, each on its own (docs/analysis.md, 'Two intervals read "
-                 f"together'), T = N*/q, {nstar}")
+                 f"together'), {paired} comparisons, T = N*/q, {nstar}")
     return lines
 
 

@@ -218,9 +218,12 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
 
 def probe_decision_line(d: dict) -> str:
     """One line: what the probe strategy chose and what it rests on."""
+    # a pick from probes and one seed to the target against the baseline's is an
+    # indication, never a verdict: it names what to try
     what = (f"keep the baseline B={d['sequences_per_step']} lr {d['lr']:.3g}"
             if d["is_reference"] else
-            f"use B={d['sequences_per_step']} lr {d['lr']:.3g}")
+            f"try B={d['sequences_per_step']} lr {d['lr']:.3g} (indicated by one seed to the "
+            "target; --strategy full with 2 or more seeds shows whether it is faster)")
     ratio = d.get("predicted_time_ratio")
     ci = d.get("predicted_time_ratio_ci") or [None, None]
     whose = f" of {d['unconfirmed']}" if d.get("unconfirmed") else ""

@@ -100,6 +100,14 @@ def replay_lines(doc: dict) -> list[str]:
                  + ("" if t["fastest"] == t["best"] else
                     f"; fastest of all: {t['fastest']} (T ratio {_f(t['fastest_time_ratio'])}, "
                     "departed)"))
+    for p in t["pairing"]:
+        if p.get("seed_factor") is not None:
+            lines.append(f"  pairs with the baseline, {p['config']}: {p['pairs']} seeds, "
+                         f"correlation of log N* {_f(p['corr_log_nstar'])}, of log T "
+                         f"{_f(p['corr_log_time'])}; sd of the log T ratio paired "
+                         f"{_f(p['sd_paired_log_time_ratio'])}, unpaired "
+                         f"{_f(p['sd_unpaired_log_time_ratio'])} (a paired comparison needs "
+                         f"{_f(p['seed_factor'])}x the seeds)")
     lines.append("strategy        replicates  recommends  within5%  regret  slower  departed  "
                  "cost(xT)  coverage")
     for r in doc["strategies"]:

@@ -18,7 +18,8 @@ evaluations) is served the next recorded evaluation, and the replay counts those
 Runs are trained in this process, one at a time (on a small machine, concurrent runs slow
 each other's steps, and the bank's times would be wrong), seed by seed, so an interrupted
 bank holds every configuration at the seeds it finished; re-running resumes the run that was
-cut from its checkpoint and skips finished ones.
+cut from its checkpoint and skips finished ones. A finished run's checkpoints are deleted
+(a replay reads its logs only).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -109,6 +111,7 @@ def record_bank(cfg: Config, bank_dir: str | Path, seeds: list[int],
                 say: Callable[[str], None] | None = None) -> dict:
     """Train the bank's runs that are not finished; write `bank.json` (what each run is and
     its time to target, with a checksum over the runs' N* and throughput); return it."""
+    from rlbatch.backends.builtin.checkpoint import CHECKPOINTS
     from rlbatch.backends.builtin.trainer import train
 
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -127,6 +130,8 @@ def record_bank(cfg: Config, bank_dir: str | Path, seeds: list[int],
             _replay_streak(stopper, d)
         t0 = time.perf_counter()
         _, summary = train(t.config, resume=True, callback=stopper)
+        if ended_for_good(d, summary.get("status")):  # a replay needs the logs only
+            shutil.rmtree(d / CHECKPOINTS, ignore_errors=True)
         tgt = summary.get("target") or {}
         crossing = (f"N* {tgt['samples']:,} samples, T {tgt['train_s']:.1f} s"
                     if tgt.get("reached") else "no crossing")

@@ -358,6 +358,40 @@ def bank_truth(cfg: Config, bank: Bank, keys: list[tuple]) -> dict:
             "analysis": doc}
 
 
+def pairing(bank: Bank, keys: list[tuple]) -> list[dict]:
+    """Same-seed pairs of each configuration with the baseline (the same prompt stream):
+    the correlation of log N* and of log T across seeds where both crossed, and the sd of
+    the per-seed log T ratio against that of unpaired differences (sqrt(sd_a^2 + sd_b^2)).
+    `seed_factor` = (paired variance) / (unpaired variance): the share of seeds a paired
+    comparison needs for the same precision (below 1: pairing pays)."""
+    base = bank.runs[keys[0]]
+    out = []
+    for k in keys[1:]:
+        seeds = [s for s in bank.common_seeds([keys[0], k])
+                 if base[s].crossing and bank.runs[k][s].crossing]
+        row = {"config": describe(k), "pairs": len(seeds)}
+        if len(seeds) >= 3:
+            def logs(runs, what):
+                return [math.log(runs[s].crossing[what]) for s in seeds]
+            nb, nc = logs(base, "samples"), logs(bank.runs[k], "samples")
+            tb, tc = logs(base, "train_s"), logs(bank.runs[k], "train_s")
+            diff = [c - b for b, c in zip(tb, tc)]
+            unpaired = statistics.variance(tb) + statistics.variance(tc)
+            row.update(corr_log_nstar=_corr(nb, nc), corr_log_time=_corr(tb, tc),
+                       sd_paired_log_time_ratio=statistics.stdev(diff),
+                       sd_unpaired_log_time_ratio=math.sqrt(unpaired),
+                       seed_factor=statistics.variance(diff) / unpaired if unpaired else None)
+        out.append(row)
+    return out
+
+
+def _corr(a: list[float], b: list[float]) -> float | None:
+    try:
+        return statistics.correlation(a, b)
+    except statistics.StatisticsError:  # a constant series
+        return None
+
+
 def _run_time(run: BankRun) -> float | None:
     """A bank run's time to target at its own cadence (None when it never crossed)."""
     return _crossing(run, lambda s: s["train_s"])
@@ -624,7 +658,8 @@ def replay(cfg: Config, bank_dir: str | Path, strategies: list[str], replicates:
                       "fastest": describe(t["fastest"]),
                       "fastest_time_ratio": t["fastest_time_ratio"],
                       "departed": [describe(k) for k in t["departed"]],
-                      "baseline_time_to_target_s": t["baseline_time_to_target_s"]}}
+                      "baseline_time_to_target_s": t["baseline_time_to_target_s"],
+                      "pairing": pairing(bank, keys)}}
 
 
 def _scratch() -> str | None:

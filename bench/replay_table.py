@@ -1,0 +1,93 @@
+"""The decision table of docs/analysis.md ("Replays"): `rlbatch replay` on each bank under
+each procedure variant, two at a time (a replay reads recorded times, so it may share the
+machine), as one Markdown table and one JSON line.
+
+    python bench/replay_table.py --bank large-saving=/path/to/bank --bank no-saving=/path \
+        --replicates 200 --out docs/study/replays
+
+Each `--bank NAME=DIR` is replayed with the config `bench/banks/NAME.yaml`. Variants: the
+full strategy with its default early stops, with the futility stops, without early stops,
+and the probe strategy; each one's `rlbatch replay --json` document is written to
+`--out/NAME-VARIANT.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).parent
+VARIANTS = {
+    "full": ("full", []),
+    "full-futility": ("full", ["profile.early_stop_rule=futility"]),
+    "full-no-early-stop": ("full", ["profile.early_stop=false"]),
+    "probe": ("probe", []),
+}
+
+
+def run_one(job: tuple) -> dict:
+    from rlbatch.core.loading import load_config
+    from rlbatch.profile.replay import replay
+
+    name, bank_dir, variant, replicates, seed, follow = job
+    strategy, sets = VARIANTS[variant]
+    cfg = load_config(str(HERE / "banks" / f"{name}.yaml"), overrides=sets)
+    doc = replay(cfg, bank_dir, [strategy], replicates, seed=seed, follow=follow)
+    return {"bank": name, "variant": variant, "sets": sets, **doc}
+
+
+def fmt(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bank", action="append", required=True, help="NAME=DIR")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--replicates", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--follow", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    banks = [b.split("=", 1) for b in a.bank]
+    jobs = [(name, d, v, a.replicates, a.seed, a.follow) for name, d in banks
+            for v in a.variants.split(",")]
+    with ProcessPoolExecutor(a.workers) as pool:
+        docs = list(pool.map(run_one, jobs))
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        for d in docs:
+            (a.out / f"{d['bank']}-{d['variant']}.json").write_text(json.dumps(d, indent=1))
+    print("| bank | procedure | replicates | recommends | within 5% of best | mean regret | "
+          "slower than baseline | departed pick | median cost (x T_base) | coverage of the "
+          "pick's 90% interval | followed next (mean) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for d in docs:
+        ref = {r["strategy"]: r for r in d["strategies"]}
+        strategy = VARIANTS[d["variant"]][0]
+        mine = [(d["variant"], ref[strategy])]
+        if d["variant"] == "full":  # the two reference rows once per bank
+            mine += [("keep the baseline", ref["keep_baseline"]),
+                     ("one seed each, lowest T", ref["one_seed_grid"])]
+        for label, r in mine:
+            rows.append({"bank": d["bank"], "procedure": label, **r})
+            cov = r.get("pick_interval_coverage")
+            n_cov = r.get("recommendations_with_interval")
+            print(f"| {d['bank']} | {label} | {r['replicates']} | {fmt(r['recommends'])} | "
+                  f"{fmt(r['picks_within_5pct'])} | {fmt(r['mean_regret'])} | "
+                  f"{fmt(r['slower_than_baseline'])} | {fmt(r.get('picks_departed'))} | "
+                  f"{fmt(r['median_cost'])} | "
+                  f"{fmt(cov)}{f' ({n_cov})' if n_cov else ''} | "
+                  f"{fmt(r.get('followed_next'))} |")
+    print(json.dumps({"bench": "replay_table", "rows": rows,
+                      "truth": {d["bank"]: d["truth"] for d in docs}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
