@@ -371,10 +371,8 @@ def pairing(bank: Bank, keys: list[tuple]) -> list[dict]:
                  if base[s].crossing and bank.runs[k][s].crossing]
         row = {"config": describe(k), "pairs": len(seeds)}
         if len(seeds) >= 3:
-            def logs(runs, what):
-                return [math.log(runs[s].crossing[what]) for s in seeds]
-            nb, nc = logs(base, "samples"), logs(bank.runs[k], "samples")
-            tb, tc = logs(base, "train_s"), logs(bank.runs[k], "train_s")
+            nb, nc = _logs(base, seeds, "samples"), _logs(bank.runs[k], seeds, "samples")
+            tb, tc = _logs(base, seeds, "train_s"), _logs(bank.runs[k], seeds, "train_s")
             diff = [c - b for b, c in zip(tb, tc)]
             unpaired = statistics.variance(tb) + statistics.variance(tc)
             row.update(corr_log_nstar=_corr(nb, nc), corr_log_time=_corr(tb, tc),
@@ -383,6 +381,10 @@ def pairing(bank: Bank, keys: list[tuple]) -> list[dict]:
                        seed_factor=statistics.variance(diff) / unpaired if unpaired else None)
         out.append(row)
     return out
+
+
+def _logs(runs: dict[int, BankRun], seeds: list[int], what: str) -> list[float]:
+    return [math.log(runs[s].crossing[what]) for s in seeds]
 
 
 def _corr(a: list[float], b: list[float]) -> float | None:
