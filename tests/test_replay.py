@@ -274,3 +274,39 @@ def test_pairing_reports_the_same_seed_correlation_and_what_pairing_saves(saving
     assert row["corr_log_nstar"] > 0.9 and row["corr_log_time"] > 0.9  # steps discretize N*
     assert row["sd_unpaired_log_time_ratio"] > 0.1
     assert row["seed_factor"] < 0.1
+
+
+@pytest.mark.parametrize("follow_up", ["open", "all"])
+def test_a_follow_up_gives_new_seeds_to_the_open_configurations_only(tmp_path, follow_up):
+    """A bank where B = 256 is twice as fast and B = 512 slower than the baseline (T ratio
+    1.25: it cannot win). After the first look, a follow-up with 3 seeds per configuration
+    (profile.follow_up: open) runs the new seeds of the baseline and B = 256 only; with
+    `all` it runs B = 512's too."""
+    from rlbatch.profile.procedure import run_profile
+    from rlbatch.profile.replay import with_sets
+
+    spending = follow_up == "open"  # and, in that case, alpha spent over the looks
+    path = config_file(tmp_path, "profile.prompts_per_step=[32,64]",
+                       f"profile.follow_up={follow_up}",
+                       f"profile.alpha_spending={str(spending).lower()}")
+    cfg = replay_config(load_config(str(path)))
+    write_bank(cfg, tmp_path / "bank", range(5), {128: 100.0, 256: 200.0, 512: 80.0})
+    bank = load_bank(tmp_path / "bank")
+    out = tmp_path / "profile"
+    doc = run_profile(cfg, out, ReplayExecutor(bank, {s: s for s in range(5)}), poll_s=0.0)
+    first = {p.name for p in (out / "runs").iterdir()}
+    doc2 = run_profile(with_sets(cfg, {"profile.seeds": 3}), out,
+                       ReplayExecutor(bank, {s: s for s in range(5)}), poll_s=0.0)
+    alphas = [d["analysis"]["recommendation"]["alpha"] for d in (doc, doc2)]
+    assert alphas == ([0.025, 0.0125] if spending else [0.05, 0.05])
+    started = [e["trial"] for e in read_jsonl(out / "journal.jsonl")[0]
+               if e["event"] == "started"]
+    new = started[len(first):]
+    assert {"base-P16-s2", "sqrt-P32-s2"} <= set(new)
+    if follow_up == "open":
+        assert not any(t.startswith("sqrt-P64") for t in new)
+        skipped = next(e for e in read_jsonl(out / "journal.jsonl")[0]
+                       if e["event"] == "closed_configs_skipped")
+        assert skipped["trials"] == ["sqrt-P64-s1", "sqrt-P64-s2"]
+    else:
+        assert {"sqrt-P64-s1", "sqrt-P64-s2"} <= set(new)

@@ -211,10 +211,12 @@ def _problem(ref: dict) -> str | None:
 def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | None = None,
                    margin: float = invariance.DEFAULT_MARGIN, ci: float = stats.DEFAULT_CI,
                    n_boot: int = stats.DEFAULT_BOOT, seed: int = 0, smooth: int = 1,
-                   statistic: str = "crossing") -> dict:
+                   statistic: str = "crossing", alpha: float = selection.DEFAULT_ALPHA
+                   ) -> dict:
     """Pure: frames -> the analysis document (see docs/analysis.md for every key).
     `statistic`: what a run's N* is, its first crossing of the target or the stretch of
-    registration.py (STATISTICS)."""
+    registration.py (STATISTICS). `alpha`: the one-sided level of the decision (a profile's
+    follow-up look may spend less, profile.alpha_spending)."""
     _check_settings(margin, ci, n_boot)
     if statistic not in STATISTICS:
         raise UserError(f"--statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
@@ -252,15 +254,15 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         "settings": {**_settings(margin, ci, n_boot, seed, smooth), "statistic": statistic},
         "configs": entries, "critical_batch": critical,
         "prediction": _predict(entries, ref, critical["mccandlish_fit"]),
-        "recommendation": _recommend(entries, ref_id, statistic),
+        "recommendation": _recommend(entries, ref_id, statistic, alpha),
         "fixed_lr_controls": _controls(entries, ref, fits, by_id, ci),
         "problem": _problem(ref),
         "warnings": _warnings(frames, missing, entries),
     })
 
 
-def _recommend(entries: list[dict], ref_id: str, statistic: str) -> dict | None:
-    rec = selection.recommend(entries, ref_id)
+def _recommend(entries: list[dict], ref_id: str, statistic: str, alpha: float) -> dict | None:
+    rec = selection.recommend(entries, ref_id, alpha)
     if rec is not None:
         rec["statistic"] = STATISTICS[statistic]
     return rec

@@ -154,7 +154,9 @@ def challenger(entries: list[dict], ref: dict) -> dict | None:
 
 
 def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA) -> dict | None:
-    """The recommendation (None when the reference itself has no resolved time to target)."""
+    """The recommendation (None when the reference itself has no resolved time to target).
+    The seed plan is at the level the decision uses for a single candidate, Holm's first
+    step: alpha / m over the m candidates of the family."""
     ref = next(e for e in entries if e["config"] == reference)
     if ref["verdict"] == "too_easy" or ref["time_to_target"] is None:
         return None
@@ -166,7 +168,8 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA)
     evidence = "established" if winners else ("not_enough" if pending else "none_faster")
     is_ref = best is ref
     vs = best.get("vs_reference") or {}
-    plan = seed_plan(pending, ref, alpha)
+    m = max(1, len([e for e in fam if e is not ref]))
+    plan = seed_plan(pending, ref, alpha / m)
     return {
         "config": best["config"],
         "sequences_per_step": best["sequences_per_step"],
@@ -236,7 +239,8 @@ def reference_lr_check(fam: list[dict], ref: dict) -> dict | None:
 
 def seed_plan(pending: list[dict], ref: dict, alpha: float = DEFAULT_ALPHA) -> list[dict]:
     """Per open candidate: seeds per side that resolve its observed T ratio at 80% power
-    (one-sided at `alpha`), and the smallest T advantage its current seeds can resolve."""
+    (one-sided at `alpha`, the level its test will use), and the smallest T advantage its
+    current seeds can resolve."""
     out = []
     for e in pending:
         vs = e.get("vs_reference") or {}

@@ -13,6 +13,7 @@ from rlbatch.analysis.defaults import DEFAULT_BOOT, DEFAULT_CI, DEFAULT_MARGIN
 from rlbatch.analysis.figures import short_labels
 from rlbatch.cli.common import print_json
 from rlbatch.cli.decision_text import decision_lines
+from rlbatch.core.errors import ConfigError
 
 
 def _fmt(x, spec: str = ".4g") -> str:
@@ -104,6 +105,9 @@ def analyze(
                                   "curve near the target; docs/analysis.md, 'Which "
                                   "statistic')"),
     smooth: int = typer.Option(1, help="trailing mean over this many evaluations (1 = none)"),
+    alpha: float = typer.Option(0.05, help="one-sided level of the decision (a profile with "
+                                "profile.alpha_spending decides its k-th look at "
+                                "0.05 / 2^(k+1); its profile.json says which)"),
     probes: str | None = typer.Option(
         None, help="probe profile directory (`rlbatch profile --strategy probe`): set its "
                    "predicted time to target beside the measured one of every configuration "
@@ -118,6 +122,8 @@ def analyze(
     from rlbatch.analysis.crossing import parse_target
     from rlbatch.analysis.runs import load_runs
 
+    if not 0 < alpha < 0.5:
+        raise ConfigError("--alpha must be in (0, 0.5)")
     if target is None:
         tgt = config_target(load_runs(list(paths)))
     else:
@@ -127,7 +133,8 @@ def analyze(
         from rlbatch.report.inputs import read_probe_profile
         probe_profile = read_probe_profile(probes)
     doc = run_analysis(list(paths), tgt, reference_run=reference, margin=margin, ci=ci,
-                       n_boot=bootstrap, seed=seed, smooth=smooth, statistic=statistic)
+                       n_boot=bootstrap, seed=seed, smooth=smooth, statistic=statistic,
+                       alpha=alpha)
     if probe_profile is not None:
         from rlbatch.analysis.probe_check import check_predictions
         doc["probe_check"] = check_predictions(doc, *probe_profile)

@@ -244,14 +244,16 @@ def target_of(cfg: Config) -> Target:
     return Target(cfg.target.metric, cfg.target.value, gain=cfg.target.gain)
 
 
-def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial]) -> dict:
+def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial],
+                   alpha: float | None = None) -> dict:
     """The analysis of this profile's own trials: runs that earlier attempts with other
     settings left in the same folder are not part of its decision, nor are failed trials
     (their rows stop where they failed, for a reason that is not the configuration's)."""
     dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()
             and trial_status(t)["status"] != "failed"]
+    extra = {} if alpha is None else {"alpha": alpha}
     return analyze(dirs, target_of(cfg), reference_run=str(reference.run_dir()),
-                   margin=cfg.profile.margin, statistic=cfg.profile.statistic)
+                   margin=cfg.profile.margin, statistic=cfg.profile.statistic, **extra)
 
 
 def baseline_times(trials: list[dict]) -> list[float]:

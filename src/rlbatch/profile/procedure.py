@@ -186,6 +186,7 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     session = start_profile(cfg, out, executor, progress, poll_s)
     out, journal, decode, driver = session.out, session.journal, session.decode, session.driver
     prof, runs, c = cfg.profile, out / "runs", session.concurrency
+    alpha = look_alpha(journal, prof)
     seeds = list(range(cfg.seed, cfg.seed + prof.seeds))
     extra = list(range(cfg.seed + prof.seeds, cfg.seed + prof.seeds + prof.confirm_seeds))
     # the baseline's confirmation seeds run first: the early stops are then anchored on more
@@ -204,13 +205,17 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
                 max_nstar=ev["max_nstar"], candidate_eval_every=every)
     cands = plan_trials(cfg, runs, c, seeds, kinds=("sqrt", "control", "schedule"),
                         eval_every=every)
+    if prof.follow_up == "open" and (closed := closed_configs(out)):
+        skipped = [t.name for t in cands if label(t) in closed and not t.run_dir().exists()]
+        cands = [t for t in cands if t.name not in skipped]
+        journal.log("closed_configs_skipped", configs=sorted(closed), trials=skipped)
     t_limit, n_limit, why = stop_limits(ev, prof)
     journal.log("stop_limits", rule=prof.early_stop_rule, time_s=t_limit, samples=n_limit)
     stopper = ((lambda st: early_stop_reason(st, t_limit, n_limit, why))
                if prof.early_stop else None)
     driver.run(cands, stopper)
     decided = [t for t in driver.all if t not in sparse]  # the sparse baseline is superseded
-    result = analyze_trials(cfg, out, _reference(base), decided)
+    result = analyze_trials(cfg, out, _reference(base), decided, alpha)
     chosen = challenger(result) if extra else None
     winner = next((t for t in cands if chosen is not None and _config_id(result, t) == chosen),
                   None)
@@ -221,8 +226,47 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
         journal.log("confirming", challenger=chosen, trials=[t.name for t in confirm])
         driver.run(confirm, stopper)
         result = analyze_trials(cfg, out, _reference(base),
-                                [t for t in driver.all if t not in sparse])
+                                [t for t in driver.all if t not in sparse], alpha)
     return _finish(cfg, out, driver, decode, result, result.get("problem"))
+
+
+def look_alpha(journal: Journal, prof) -> float:
+    """The decision's one-sided level at this look: the number of decisions this folder
+    made before (each re-run that follows `next` is one more look at growing data). With
+    profile.alpha_spending, look k spends alpha / 2^(k+1), so that every look together
+    recommends a configuration that is not faster with probability at most alpha (a union
+    bound, whatever the looks' dependence); otherwise every look tests at alpha."""
+    from rlbatch.analysis.selection import DEFAULT_ALPHA
+
+    look = sum(e.get("event") == "profile_finished" for e in journal.events())
+    journal.log("look", index=look)
+    return DEFAULT_ALPHA / 2 ** (look + 1) if prof.alpha_spending else DEFAULT_ALPHA
+
+
+def label(trial: Trial) -> str:
+    """A trial's configuration within the profile: its name without the seed (sqrt-P32)."""
+    return trial.name.rsplit("-s", 1)[0]
+
+
+def closed_configs(out: Path) -> set[str]:
+    """Configurations (trial labels) the previous decision in this folder no longer needs:
+    neither open nor shown faster (rejected, ruled out by one seed, or outside the
+    baseline's LR-scaling family, as the fixed-LR control). A follow-up with more seeds
+    (profile.follow_up: open) gives its new seeds to the baseline and the open ones only."""
+    from rlbatch.core.runlog import read_json
+
+    prev = read_json(out / "profile.json")
+    rec = (prev.get("analysis") or {}).get("recommendation")
+    if not rec:
+        return set()
+    keep = {o["config"] for o in rec.get("open") or []} | set(rec.get("shown_faster") or [])
+    by_dir = {t["run_dir"]: t["trial"].rsplit("-s", 1)[0] for t in prev.get("trials") or []
+              if t.get("kind") != "baseline"}
+    closed = set()
+    for e in prev["analysis"]["configs"]:
+        if e["config"] not in keep:
+            closed |= {by_dir[r["run"]] for r in e["runs"] if r["run"] in by_dir}
+    return closed
 
 
 def _reference(base: list[Trial]) -> Trial:
