@@ -5,9 +5,10 @@ machine), as one Markdown table and one JSON line.
     python bench/replay_table.py --bank large-saving=/path/to/bank --bank no-saving=/path \
         --replicates 200 --out docs/study/replays
 
-Each `--bank NAME=DIR` is replayed with the config `bench/banks/NAME.yaml`. Variants: the
-full strategy with its default early stops, with the futility stops, without early stops,
-and the probe strategy; each one's `rlbatch replay --json` document is written to
+Each `--bank NAME=DIR` is replayed with the config `bench/banks/NAME.yaml`. Variants
+(VARIANTS): the full strategy as configured, with the futility stops, without early stops,
+with follow-ups for open configurations and alpha spent over the looks, with all three, and
+the probe strategy; each one's `rlbatch replay --json` document is written to
 `--out/NAME-VARIANT.json`.
 """
 
@@ -24,6 +25,10 @@ VARIANTS = {
     "full": ("full", []),
     "full-futility": ("full", ["profile.early_stop_rule=futility"]),
     "full-no-early-stop": ("full", ["profile.early_stop=false"]),
+    "full-open-spent": ("full", ["profile.follow_up=open", "profile.alpha_spending=true"]),
+    "full-futility-open-spent": ("full", ["profile.early_stop_rule=futility",
+                                          "profile.follow_up=open",
+                                          "profile.alpha_spending=true"]),
     "probe": ("probe", []),
 }
 
@@ -36,7 +41,7 @@ def run_one(job: tuple) -> dict:
     strategy, sets = VARIANTS[variant]
     cfg = load_config(str(HERE / "banks" / f"{name}.yaml"), overrides=sets)
     doc = replay(cfg, bank_dir, [strategy], replicates, seed=seed, follow=follow)
-    return {"bank": name, "variant": variant, "sets": sets, **doc}
+    return {**doc, "bank": name, "bank_dir": doc["bank"], "variant": variant, "sets": sets}
 
 
 def fmt(x, spec=".2f") -> str:

@@ -51,3 +51,29 @@ def test_bench_script_runs_and_ends_with_its_json_line(script):
         assert doc[key], f"{script}: `{key}` is empty"
         for row in doc[key]:
             assert row_keys <= set(row), f"{script} {key}: missing {sorted(row_keys - set(row))}"
+
+
+def test_replay_table_runs_on_a_bank_and_ends_with_its_json_line(tmp_path):
+    """bench/replay_table.py (the decision table of docs/analysis.md, "Replays") on a bank
+    written from known curves with the no-saving bank's config, one replicate of two
+    variants: it exits 0, prints the table, and its JSON line holds a row per procedure
+    with the replay command's keys, and the truth."""
+    from helpers.banks import write_bank
+    from rlbatch.core.loading import load_config
+
+    cfg = load_config(str(BENCH / "banks" / "no-saving.yaml"))
+    speed = {128: 100.0, 256: 90.0, 512: 80.0, 1024: 70.0}  # no saving: B0 is the best
+    write_bank(cfg, tmp_path / "bank", range(3), speed, rate=dict.fromkeys(speed, 2.0))
+    proc = subprocess.run([sys.executable, str(BENCH / "replay_table.py"), "--bank",
+                           f"no-saving={tmp_path / 'bank'}", "--replicates", "1",
+                           "--variants", "full,probe", "--workers", "1"],
+                          cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["procedure"] for r in doc["rows"]] == [
+        "full", "keep the baseline", "one seed each, lowest T", "probe"]
+    keys = {"replicates", "recommends", "picks_within_5pct", "mean_regret",
+            "slower_than_baseline", "median_cost", "pick_interval_coverage"}
+    assert all(keys <= set(r) for r in doc["rows"])
+    assert doc["truth"]["no-saving"]["best_sequences"] == 128
+    assert "| no-saving | full |" in proc.stdout

@@ -508,6 +508,13 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
                 raise
             cut = str(exc)
             break
+        except UserError as exc:  # the profile refused (e.g. a baseline too few evaluations
+            # resolve): what a user would have seen; this replicate decides nothing
+            if doc is None:
+                doc = {"decision": None, "problem": f"refused: {exc}", "analysis": None}
+            else:  # a follow-up refused: the previous look's decision stands
+                cut = f"refused: {exc}"
+            break
         finally:
             unserved += ex.unserved
         sets = _next(doc, strategy)
