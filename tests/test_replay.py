@@ -274,3 +274,18 @@ def test_a_follow_up_gives_new_seeds_to_the_open_configurations_only(tmp_path, f
         assert skipped["trials"] == ["sqrt-P64-s1", "sqrt-P64-s2"]
     else:
         assert {"sqrt-P64-s1", "sqrt-P64-s2"} <= set(new)
+
+
+def test_a_bank_finds_its_finished_runs_under_another_versions_run_ids(saving, tmp_path):
+    """Run ids hash the config, so another version of rlbatch may name the same run
+    differently: `rlbatch bank` finds finished runs by configuration and seed, trains
+    nothing (no model is built here), and bank.json names the directories found."""
+    from rlbatch.profile.bank import record_bank
+
+    _, cfg, bank = saving
+    for d in list(bank.iterdir()):
+        d.rename(d.with_name(d.name.rsplit("-", 1)[0] + "-0ldversn"))
+    said = []
+    doc = record_bank(cfg, bank, list(range(8)), say=said.append)
+    assert len(said) == 16 and all(line.endswith("(recorded before)") for line in said)
+    assert all(r["run"].endswith("-0ldversn") for r in doc["runs"])

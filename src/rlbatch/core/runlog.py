@@ -128,7 +128,9 @@ def stable_hash(obj: Any, length: int = 10) -> str:
 
 def identity(resolved: dict) -> dict:
     """The part of a resolved config that defines the experiment: without `output_dir` and
-    `trackers` (where it writes, which sinks it feeds), without how a command trial is
+    `trackers` (where it writes, which sinks it feeds), without the `profile` section (how
+    `rlbatch profile` chooses its trials; no training reads it, so a new profile setting
+    leaves every run id as it was), without how a command trial is
     watched (`command.poll_s`, `idle_timeout_s`, `stop_grace_s`), without `reward.workers`,
     `reward.max_error_rate` and `reward.error_window_calls` (how rewards are run and when the
     run gives up change no value it logs, so a run that failed on its error rate can be
@@ -136,7 +138,7 @@ def identity(resolved: dict) -> dict:
     runs from before that section existed keep their ids."""
     from rlbatch.core.config import RewardConfig
 
-    body = {k: v for k, v in resolved.items() if k not in ("output_dir", "trackers")}
+    body = {k: v for k, v in resolved.items() if k not in ("output_dir", "trackers", "profile")}
     if isinstance(body.get("command"), dict):  # how the command is watched, not what it runs
         body["command"] = {k: v for k, v in body["command"].items()
                            if k not in ("poll_s", "idle_timeout_s", "stop_grace_s")}

@@ -113,14 +113,22 @@ def record_bank(cfg: Config, bank_dir: str | Path, seeds: list[int],
     its time to target, with a checksum over the runs' N* and throughput); return it."""
     from rlbatch.backends.builtin.checkpoint import CHECKPOINTS
     from rlbatch.backends.builtin.trainer import train
+    from rlbatch.profile.replay import learning_key
 
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     bank_dir = Path(bank_dir)
     bank_dir.mkdir(parents=True, exist_ok=True)
     trials = bank_trials(cfg, bank_dir, seeds)
     span = settled_span(cfg)
+    done = finished_runs(bank_dir)
+    dirs = []
     for i, t in enumerate(trials, start=1):
-        d = t.run_dir()
+        d = done.get((learning_key(t.config.resolved_dict()), t.seed), t.run_dir())
+        dirs.append(d)
+        if d != t.run_dir():  # recorded before, under another version's run id
+            say(f"[{i}/{len(trials)}] {t.name}: {read_json(d / 'summary.json')['status']} "
+                "(recorded before)")
+            continue
         status = read_json(d / "summary.json").get("status")
         if ended_for_good(d, status):
             say(f"[{i}/{len(trials)}] {t.name}: {status} (recorded before)")
@@ -137,19 +145,34 @@ def record_bank(cfg: Config, bank_dir: str | Path, seeds: list[int],
                     if tgt.get("reached") else "no crossing")
         say(f"[{i}/{len(trials)}] {t.name}: {summary['status']} at {summary['samples']:,} "
             f"samples, {crossing} ({time.perf_counter() - t0:.0f} s)")
-    doc = bank_summary(cfg, trials)
+    doc = bank_summary(cfg, trials, dirs)
     atomic_write_json(bank_dir / "bank.json", doc)
     return doc
 
 
-def bank_summary(cfg: Config, trials: list[Trial]) -> dict:
+def finished_runs(bank_dir: Path) -> dict[tuple, Path]:
+    """The bank's runs that ended for good, by (learning key, seed): a run is found again
+    whatever version of rlbatch named its directory."""
+    from rlbatch.core.runlog import find_runs, read_run
+    from rlbatch.profile.replay import learning_key
+
+    out = {}
+    for d in find_runs([bank_dir]) if any(Path(bank_dir).iterdir()) else []:
+        run = read_run(d)
+        status = (run.summary or {}).get("status")
+        if run.config and ended_for_good(d, status):
+            out[(learning_key(run.config), run.config.get("seed"))] = d
+    return out
+
+
+def bank_summary(cfg: Config, trials: list[Trial], dirs: list[Path]) -> dict:
     """Each run's configuration, seed, status, N* and T at the bank's evaluations, and
     throughput; `checksum` is a hash of those figures (rounded), to check a regenerated bank."""
     rows = []
-    for t in trials:
-        s = read_json(t.run_dir() / "summary.json")
+    for t, d in zip(trials, dirs):
+        s = read_json(d / "summary.json")
         tgt = s.get("target") or {}
-        rows.append({"trial": t.name, "kind": t.kind, "run": t.run_dir().name, "seed": t.seed,
+        rows.append({"trial": t.name, "kind": t.kind, "run": d.name, "seed": t.seed,
                      "sequences_per_step": t.sequences_per_step, "lr": t.config.actor_lr,
                      "status": s.get("status"),
                      "samples_to_target": tgt.get("samples") if tgt.get("reached") else None,
