@@ -289,3 +289,27 @@ def test_a_bank_finds_its_finished_runs_under_another_versions_run_ids(saving, t
     doc = record_bank(cfg, bank, list(range(8)), say=said.append)
     assert len(said) == 16 and all(line.endswith("(recorded before)") for line in said)
     assert all(r["run"].endswith("-0ldversn") for r in doc["runs"])
+
+
+@pytest.mark.parametrize("name", ["no-saving", "large-saving"])
+def test_the_committed_banks_load_and_match_their_checksums(name, tmp_path):
+    """The banks behind docs/analysis.md ("Replays"): 12 seeds of each of the profile's 5
+    configurations, every run to its target, and bank.json's checksum recomputed from the
+    runs themselves."""
+    import tarfile
+
+    from rlbatch.profile.bank import bank_summary, bank_trials
+
+    root = Path(__file__).resolve().parents[1] / "bench" / "banks"
+    with tarfile.open(root / f"{name}.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    bank_dir = tmp_path / name
+    bank = load_bank(bank_dir)
+    cfg = load_config(str(root / f"{name}.yaml"))
+    assert sorted(bank.runs) == sorted(profile_keys(cfg))
+    assert all(sorted(runs) == list(range(12)) for runs in bank.runs.values())
+    doc = read_json(bank_dir / "bank.json")
+    trials = bank_trials(cfg, bank_dir, list(range(12)))
+    dirs = [bank_dir / r["run"] for r in doc["runs"]]
+    assert bank_summary(cfg, trials, dirs)["checksum"] == doc["checksum"]
+    assert all(r["time_to_target"] is not None for r in doc["runs"])
