@@ -217,7 +217,7 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
     `statistic`: what a run's N* is, its first crossing of the target or the stretch of
     registration.py (STATISTICS). `alpha`: the one-sided level of the decision (a profile's
     follow-up look may spend less, profile.alpha_spending)."""
-    _check_settings(margin, ci, n_boot)
+    _check_settings(margin, ci, n_boot, alpha)
     if statistic not in STATISTICS:
         raise UserError(f"--statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
     check_metric_values(frames, target.metric)
@@ -312,7 +312,9 @@ def json_safe(obj):
     return obj
 
 
-def _check_settings(margin: float, ci: float, n_boot: int) -> None:
+def _check_settings(margin: float, ci: float, n_boot: int, alpha: float = 0.05) -> None:
+    if not 0 < alpha < 0.5:
+        raise UserError(f"--alpha must be in (0, 0.5), got {alpha}")
     if not (margin > 0 and math.isfinite(margin)):
         raise UserError(f"--margin must be a positive log ratio, got {margin}")
     if not (0 < ci < 1):

@@ -13,7 +13,6 @@ from rlbatch.analysis.defaults import DEFAULT_BOOT, DEFAULT_CI, DEFAULT_MARGIN
 from rlbatch.analysis.figures import short_labels
 from rlbatch.cli.common import print_json
 from rlbatch.cli.decision_text import decision_lines
-from rlbatch.core.errors import ConfigError
 
 
 def _fmt(x, spec: str = ".4g") -> str:
@@ -122,8 +121,6 @@ def analyze(
     from rlbatch.analysis.crossing import parse_target
     from rlbatch.analysis.runs import load_runs
 
-    if not 0 < alpha < 0.5:
-        raise ConfigError("--alpha must be in (0, 0.5)")
     if target is None:
         tgt = config_target(load_runs(list(paths)))
     else:
@@ -143,6 +140,11 @@ def analyze(
     if as_json:
         print_json(doc)
         return
+    _print_text(doc)
+
+
+def _print_text(doc: dict) -> None:
+    """The analysis as a table and lines (and the probe check, when there is one)."""
     console = Console()
     console.print(render_table(doc))
     for line in summary_lines(doc):
