@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers.banks import step_row
 from rlbatch.core.errors import UserError
 from rlbatch.core.loading import load_config
 from rlbatch.core.runlog import RunWriter, read_jsonl
@@ -43,13 +44,6 @@ def quick(*sets):
     (step 0 + 0.15, every 128 samples), whatever the preset's own."""
     return load_config(preset="quick", overrides=["target.gain=0.15",
                                                   "eval.every_samples=128", *sets])
-
-
-def step_row(step: int, samples: int, train_s: float) -> dict:
-    return {"step": step, "samples": samples, "prompts": samples // 8, "tokens": samples * 5,
-            "train_s": train_s, "time/rollout": 0.0, "time/reward": 0.0,
-            "time/actor_update": 0.0, "time/critic_update": 0.0, "time/other": 0.0,
-            "reward/mean": 0.0, "actor/lr": 1e-4, "actor/grad_norm": 1.0, "actor/loss": 0.0}
 
 
 def write_run(d: Path, cfg_dict: dict, evals: list[tuple[int, float]], q: float = 100.0):
