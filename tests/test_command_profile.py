@@ -58,7 +58,10 @@ def test_rlbatch_train_as_a_command_decides_as_the_builtin_analysis_of_its_runs(
            # no early stops: the profile's stop of a trial is written down by the trial's
            # own run (stop code `cannot_win`), while the inner run sees only the SIGTERM that
            # ends its command, so the two readings agree only for trials the profile let end
-           "profile": {"prompts_per_step": [32], "seeds": 1, "confirm_seeds": 1,
+           # one seed of the baseline and one of the candidate: the contract is that the
+           # profile reads each trial as its inner run wrote it, which two trials show as
+           # well as four (the decision on two seeds each: test_profile_rules)
+           "profile": {"prompts_per_step": [32], "seeds": 1, "confirm_seeds": 0,
                        "fixed_lr_control": False, "concurrency": [], "min_evaluations": 3,
                        "early_stop": False}}
     config = tmp_path / "c.yaml"
@@ -66,6 +69,7 @@ def test_rlbatch_train_as_a_command_decides_as_the_builtin_analysis_of_its_runs(
     doc = _profile(config, tmp_path / "p")
     profile = read_json(tmp_path / "p" / "profile.json")
     followed = {n: d for n, d in _trial_dirs(tmp_path / "p").items()}
+    assert sorted(followed) == ["base-P16-s0", "sqrt-P32-s0"]
     inner = {}
     for name, run in followed.items():  # each trial's rows are its inner run's rows
         (own,) = [p for p in (run / "command" / "rlbatch-runs").iterdir() if p.is_dir()]

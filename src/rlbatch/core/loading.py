@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError, missing
+from rlbatch.core.runlog import YAML_LOADER
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file or one --set value; real configs are a few kB
 
@@ -62,8 +63,12 @@ def _preset_text(name: str) -> str:
 
 def _parse_yaml(text: str, source: str) -> tuple[dict, Origins]:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        loader = YAML_LOADER(text)  # libyaml where built: a config bomb is refused in seconds
+        try:
+            node = loader.get_single_node()
+            data = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -169,7 +174,7 @@ def parse_override(item: str) -> tuple[tuple, Any]:
     if top in _NOT_SETTABLE:
         raise ConfigError(_NOT_SETTABLE[top], where=f"--set {key}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=YAML_LOADER) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     return tuple(key.split(".")), value

@@ -43,8 +43,8 @@ STATUSES = ("running", "target_reached", "budget_exhausted", "stopped", "diverge
 
 
 # libyaml's parser and emitter when PyYAML has them (the same documents, several times
-# faster): for the config.yaml files that programs write and read back
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# faster): for the config.yaml files that programs write and read back, and user configs
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -55,7 +55,7 @@ def yaml_text(obj: Any) -> str:
 
 def yaml_data(text: str) -> Any:
     """`yaml.safe_load(text)`, with libyaml when available."""
-    return yaml.load(text, Loader=_LOADER)
+    return yaml.load(text, Loader=YAML_LOADER)
 
 
 def _json_default(value: Any) -> Any:
