@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import prime_rl_log
 from helpers.cli import run_cli
 from rlbatch.analysis.crossing import Target, run_result
 from rlbatch.analysis.runs import load_runs
@@ -365,6 +366,58 @@ def test_prime_rl_record_without_step(tmp_path, capsys):
     code, _, err = run_cli(["ingest", "prime-rl", str(path), "--out", str(tmp_path / "o")],
                            capsys)
     assert code == 2 and f"{path}:2" in err
+
+
+def _prime_run(tmp_path, capsys, name, *attempts) -> tuple:
+    path = prime_rl_log.write(tmp_path / name / "metrics.jsonl", *attempts)
+    out = tmp_path / f"{name}-run"
+    ingest(["prime-rl", str(path), "--out", str(out)], capsys)
+    return read_run(out), out
+
+
+def test_prime_rl_interleaved_log_keeps_every_step_and_dates_evaluations_by_policy(
+        tmp_path, capsys):
+    """prime-rl's own write order (tests/helpers/prime_rl_log.py): the orchestrator's line
+    of step s before the trainer's of s - 1, evaluation lines with a float step, logged at
+    their trigger step N on policy N - 3, the base model's at step 1. Every step is kept
+    with the trainer's keys; each evaluation takes the samples of the policy it ran on
+    (policy v: v steps of 16 rollouts), the base model's at 0, so a relative target
+    resolves and N* is not overstated by the 1-3 steps of the evaluation's lag."""
+    run, out = _prime_run(tmp_path, capsys, "p", prime_rl_log.attempt_lines(12))
+    assert col(run.steps, "step") == list(range(1, 13))
+    assert col(run.steps, "samples") == [16 * s for s in range(1, 13)]
+    assert col(run.steps, "actor/grad_norm") == [0.1] * 12  # from the trainer's lines
+    acc = prime_rl_log.ACC
+    assert [(e["step"], e["samples"], e[acc]) for e in run.evals] == [
+        (0, 0, 0.20), (1, 16, 0.21), (5, 80, 0.25), (9, 144, 0.29)]
+    assert run.evals[0]["train_s"] == 0.0
+    frames = load_runs([out])
+    key = frames.runs.iloc[0]["run"]
+    res = run_result(frames.run_steps(key), frames.run_evals(key), Target(acc, None, gain=0.04))
+    # 0.24 is crossed between policy 1 (16 samples, 0.21) and policy 5 (80, 0.25)
+    assert not res["censored"] and res["samples_to_target"] == pytest.approx(16 + 64 * 0.75)
+
+
+def test_prime_rl_kill_in_the_checkpoint_window_resumes_to_the_uninterrupted_rows(
+        tmp_path, capsys):
+    """Killed after the orchestrator shipped step 7 (its step_6 checkpoint written, the
+    trainer's not: the newest complete checkpoint is step 4), then resumed from step 4 into
+    the same file: the new attempt's lines replace the first one's from step 5 on, and the
+    rows and evaluations are those of the uninterrupted run but for the clock."""
+    whole = prime_rl_log.attempt_lines(12)
+    cut = next(i for i, r in enumerate(whole) if r.get("progress/rollouts") and r["step"] == 7)
+    first = whole[:cut + 1]
+    assert any(r.get("perf/mfu") and r["step"] == 5 for r in first)  # trainer at step 5
+    resumed = prime_rl_log.attempt_lines(12, start=4, t0=5000.0)
+    ref, _ = _prime_run(tmp_path, capsys, "whole", whole)
+    run, _ = _prime_run(tmp_path, capsys, "killed", first, resumed)
+
+    def clockless(rows):
+        return [{k: v for k, v in r.items() if k != "train_s"} for r in rows]
+
+    assert clockless(run.steps) == clockless(ref.steps)
+    assert clockless(run.evals) == clockless(ref.evals)
+    assert any("step 5 logged again (restart)" in w for w in run.summary["ingest"]["warnings"])
 
 
 def test_unknown_framework(tmp_path, capsys):

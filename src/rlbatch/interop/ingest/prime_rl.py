@@ -5,8 +5,11 @@ merging every metrics.jsonl under a directory by step with the orchestrator's fi
 holding `progress/total_rollouts`) as the primary one, and the combined or separate
 trainer/orchestrator TOML files. samples, prompts and tokens come from the orchestrator's
 progress counters, the reward from `train/agg/all/<agent>/reward/mean`, train_s from the
-orchestrator's clock; no phase timers are mapped. Deviation: prime-rl is asynchronous, so a
-step's wall clock holds generation of later steps (train_s is still the true elapsed time).
+orchestrator's clock; no phase timers are mapped. The file's lines are not in step order
+(the trainer, the orchestrator and evaluations write asynchronously) and a resumed attempt
+appends to it (`_read`); an evaluation is dated by the policy it ran on (`_dated_evals`).
+Deviation: prime-rl is asynchronous, so a step's wall clock holds generation of later steps
+(train_s is still the true elapsed time).
 Keys, conversion and config fields: docs/design.md, "Module notes".
 """
 
@@ -24,7 +27,7 @@ from rlbatch.interop.ingest.common import (
     get_path,
     load_mapping,
 )
-from rlbatch.interop.ingest.logs import extras, map_metrics, merge_steps, num, read_records
+from rlbatch.interop.ingest.logs import extras, map_metrics, num, read_records
 from rlbatch.interop.ingest.writer import MAX_STEP, Converted, finite_values, is_step
 
 BATCH = ("orchestrator.batch_size", "batch_size")
@@ -91,40 +94,111 @@ def metric_files(path: Path) -> list[Path]:
     return files
 
 
-def _read(path: Path) -> tuple[list, list, bool]:
+def _source(obj: dict) -> str:
+    """Which writer logged a metrics.jsonl line: an evaluation of one env (`eval:<env>`), the
+    orchestrator (its `progress/*` counters) or the trainer (everything else)."""
+    env = next((k.split("/")[1] for k in obj if k.startswith("eval/") and k.count("/") >= 2),
+               None)
+    if env is not None:
+        return f"eval:{env}"
+    return "orchestrator" if any(k.startswith("progress/") for k in obj) else "trainer"
+
+
+def _step_of(obj: dict, source: str) -> int | None:
+    """The line's step: an integer; an evaluation line's may be an integral float
+    (orchestrator.py:937 writes `float(batch.step)`)."""
+    step = obj.get("step")
+    if source.startswith("eval:") and isinstance(step, float) and step.is_integer():
+        step = int(step)
+    return step if is_step(step) else None
+
+
+def _read(path: Path) -> tuple[list, list, list, bool]:
+    """(steps, evaluations, warnings, truncated) of one metrics.jsonl.
+
+    prime-rl's trainer and orchestrator append to one file asynchronously, so lines are not
+    in step order: the orchestrator logs step s when it ships batch s, before the trainer
+    logs step s - 1 (orchestrator.py 662-747, train.py 575-693), and an evaluation is logged
+    at its trigger step whenever its episodes finish. Each writer's own lines are in order,
+    so a restart (a resumed attempt appends to the same file, file.py:30) is a writer
+    logging a step at or below its last one (below, for the trainer's several lines per
+    step): the rows from that step on are replaced by the new attempt's."""
     records, warnings, truncated = read_records(path)
     # in a file the orchestrator writes to, only its lines date a step (see the module text)
     shared = any("progress/total_rollouts" in obj for _, obj in records)
-    items = []
+    kept: list[tuple[int, str, dict]] = []
+    last: dict[str, int] = {}
     for line, obj in records:
-        step = obj.get("step")
-        if not is_step(step):
+        src = _source(obj)
+        step = _step_of(obj, src)
+        if step is None:
             raise DataError(f"record has no integer 'step' in 0..{MAX_STEP} (prime-rl "
                             f"metrics.jsonl)", where=f"{path}:{line}")
-        if shared and "progress/total_rollouts" not in obj:
+        again = src in last and (step < last[src] or (step == last[src] and src != "trainer"))
+        if again:
+            dropped = sum(1 for s, _, _ in kept if s >= step)
+            kept = [r for r in kept if r[0] < step]
+            last = {}
+            warnings.append(f"{path}:{line}: step {step} logged again (restart); {dropped} "
+                            f"earlier line(s) from step {step} on replaced")
+        last[src] = step
+        kept.append((step, src, finite_values(obj)))
+    steps: dict[int, dict] = {}
+    evals: list[tuple[int, dict]] = []
+    for step, src, obj in kept:
+        if src.startswith("eval:"):
+            evals.append((step, obj))
+            continue
+        if shared and src != "orchestrator":
             obj = {k: v for k, v in obj.items() if k not in DATING}
-        elif items and items[-1][0] == step and "time" in items[-1][1]:
+        elif step in steps and "time" in steps[step]:
             obj = {k: v for k, v in obj.items() if k != "time"}  # a step's first line dates it
-        items.append((step, finite_values(obj)))
-    merged, w = merge_steps(items, str(path))
-    return merged, warnings + w, truncated
+        steps.setdefault(step, {}).update(obj)
+    return sorted(steps.items()), evals, warnings, truncated
 
 
-def _combined(files: list[Path]) -> tuple[list, Path, list, bool]:
-    """Steps of the primary file, with the other files' keys added where absent."""
+def _combined(files: list[Path]) -> tuple[list, list, Path, list, bool]:
+    """Steps of the primary file, with the other files' keys added where absent, and the
+    evaluation lines of every file."""
     parsed = {f: _read(f) for f in files}
-    primary = next((f for f, (m, _, _) in parsed.items()
+    primary = next((f for f, (m, _, _, _) in parsed.items()
                     if any("progress/total_rollouts" in d for _, d in m)), files[0])
-    merged, warnings, truncated = parsed[primary]
-    warnings, by_step = list(warnings), dict(merged)
-    for f, (m, w, t) in parsed.items():
+    merged, evals, warnings, truncated = parsed[primary]
+    evals, warnings, by_step = list(evals), list(warnings), dict(merged)
+    for f, (m, e, w, t) in parsed.items():
         if f == primary:
             continue
-        warnings, truncated = warnings + w, truncated or t
+        evals, warnings, truncated = evals + e, warnings + w, truncated or t
         for s, d in m:
             for k, v in d.items() if s in by_step else ():
                 by_step[s].setdefault(k, v)
-    return merged, primary, warnings, truncated
+    return merged, evals, primary, warnings, truncated
+
+
+def _dated_evals(evals: list[tuple[int, dict]], rows: dict[int, dict]) -> list[dict]:
+    """Evaluation rows dated by the policy they ran on: `eval/<env>/policy_version` v is the
+    policy after v optimizer steps (orchestrator.py 920-936: the lowest version among the
+    epoch's episodes), so the row takes step v's samples and train_s (v = 0: the base model,
+    at 0). prime-rl logs it at the later step that triggered it (the base model's at step
+    1), 1-3 steps after that policy existed. Without a policy version, or before step v's
+    row is logged, the logged step dates it. Envs evaluated on one policy share a row."""
+    out: dict[tuple, dict] = {}
+    for step, obj in evals:
+        ev = {k: num(v) for k, v in obj.items() if k.startswith("eval/")}
+        version = next((ev[k] for k in ev if k.endswith("/policy_version")), None)
+        v = int(version) if version is not None and float(version).is_integer() else None
+        if v == 0:
+            when = (0, 0, 0.0)
+        elif v is not None and v in rows and "samples" in rows[v]:
+            when = (v, rows[v]["samples"], rows[v].get("train_s"))
+        else:
+            when = (step, rows[step]["samples"], rows[step].get("train_s")) \
+                if step in rows else None
+        if when is None:
+            continue
+        row = out.setdefault(when, {"step": when[0], "samples": when[1], "train_s": when[2]})
+        row.update(ev)
+    return [out[k] for k in sorted(out, key=lambda k: (k[1], k[0]))]
 
 
 def _through(data: dict, total: str, this: str) -> int | None:
@@ -157,7 +231,7 @@ def convert(path: Path, res) -> Converted:
     from rlbatch.interop.ingest import build_config, max_logged
 
     files = metric_files(path)
-    merged, primary, warnings, truncated = _combined(files)
+    merged, eval_lines, primary, warnings, truncated = _combined(files)
     b, g = res.sequences_per_step, res.samples_per_prompt
     rows = [(s, d) for s, d in merged if "time" in d or "progress/total_rollouts" in d]
     if not rows:
@@ -169,7 +243,7 @@ def convert(path: Path, res) -> Converted:
         origin -= num(first.get("time/step")) or 0.0
     metrics = dict(STEP_METRICS)
     metrics["reward/mean"] = (res.reward_key,) if res.reward_key else _reward_key(rows, str(primary))
-    steps, evals, tokens = [], [], 0
+    steps, tokens = [], 0
     for step, data in rows:
         used = set(COUNTER_KEYS)
         samples = _samples(step, data, b, str(primary))
@@ -184,14 +258,11 @@ def convert(path: Path, res) -> Converted:
         t = num(data.get("time"))
         if t is not None and origin is not None:
             row["train_s"] = t - origin
-        ev = {k: num(v) for k, v in data.items() if k.startswith("eval/")}
-        used.update(ev)
         row.update(map_metrics(data, metrics, used))
         row["time/critic_update"] = 0.0
         row.update(extras(data, used, "prime-rl"))
         steps.append(row)
-        if ev:
-            evals.append({"step": step, "samples": samples, "train_s": row.get("train_s"), **ev})
+    evals = _dated_evals(eval_lines, {r["step"]: r for r in steps})
     if tokens is None:
         for r in steps:
             r.pop("tokens", None)
