@@ -100,11 +100,23 @@ def test_openrlhf_prime_rl_and_rlbatch_words(tmp_path):
     assert flags[flags.index("--data.max_samples") + 1] == str(32 * 16)  # prompts of 32 steps
     p = launch(_spec("prime-rl"), ["uv", "run", "rl", "@", "rl.toml"], tmp_path / "p", tmp_path)
     assert p.argv[p.argv.index("--orchestrator.batch-size") + 1] == "128"
-    assert p.argv[p.argv.index("--max-steps") + 1] == "32" and "--resume" not in p.argv
+    assert p.argv[p.argv.index("--max-steps") + 1] == "32" and "--resume.step" not in p.argv
+    assert "--clean" in p.argv  # a fresh attempt into a folder an earlier one wrote to
+    assert p.argv[p.argv.index("--ckpt.keep-last") + 1] == "2"
     assert p.shared and p.log == tmp_path / "prime-rl" / "trial" / "metrics.jsonl"
-    (tmp_path / "prime-rl" / "trial" / "checkpoints" / "step_8").mkdir(parents=True)
+    ckpts = tmp_path / "prime-rl" / "trial" / "checkpoints"
+    for step, halves in ((8, ("trainer", "orchestrator")), (12, ("orchestrator",))):
+        # prime-rl 559b447: the orchestrator's half (progress.pt) is written when batch N
+        # ships, the trainer's (DCP, `.metadata` last) after step N trains; step 12 is a
+        # kill between the two
+        for half in halves:
+            (ckpts / f"step_{step}" / half).mkdir(parents=True)
+            name = ".metadata" if half == "trainer" else "progress.pt"
+            (ckpts / f"step_{step}" / half / name).write_bytes(b"x")
+    (ckpts / "step_16" / "trainer").mkdir(parents=True)  # DCP save cut before .metadata
     p2 = launch(_spec("prime-rl"), ["rl"], tmp_path / "p2", tmp_path)
-    assert "--resume" in p2.argv and p2.resume_step == 8
+    assert p2.argv[p2.argv.index("--resume.step") + 1] == "8" and p2.resume_step == 8
+    assert "--clean" not in p2.argv and "--resume" not in p2.argv
     r = launch(_spec("rlbatch"), ["rlbatch", "train", "base.yaml"], tmp_path / "r", tmp_path)
     sets = [r.argv[i + 1] for i, w in enumerate(r.argv) if w == "--set"]
     assert "optimizer.lr=0.00015" in sets and "batch.prompts_per_step=16" in sets

@@ -250,9 +250,16 @@ def _openrlhf(spec: TrialSpec, attempt: Path, state: Path) -> Launch:
 
 # ---------------------------------------------------------------- prime-rl (`rl` flags)
 def prime_rl_checkpoint(state: Path) -> Checkpoint | None:
-    """The newest `checkpoints/step_N` of the trial's prime-rl run folder."""
+    """The newest complete `checkpoints/step_N` of the trial's prime-rl run folder: both
+    halves written. prime-rl 559b447: the orchestrator writes `step_N/orchestrator/
+    progress.pt` (atomically) when it ships batch N, the trainer `step_N/trainer` only after
+    training step N, with torch DCP, whose `.metadata` is written last (src/prime_rl/
+    orchestrator/ckpt.py, trainer/ckpt.py `save_to_path`); a kill between the two leaves a
+    step_N the trainer cannot load."""
     steps = [(int(m.group(1)), p) for p in (state / "prime-rl" / "trial" / "checkpoints")
-             .glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name))]
+             .glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name))
+             and (p / "trainer" / ".metadata").is_file()
+             and (p / "orchestrator" / "progress.pt").is_file()]
     if not steps:
         return None
     n, path = max(steps)
@@ -262,15 +269,20 @@ def prime_rl_checkpoint(state: Path) -> Checkpoint | None:
 def _prime_rl(spec: TrialSpec, attempt: Path, state: Path) -> Launch:
     """prime-rl appends both its trainer's and its orchestrator's rows to one
     metrics.jsonl in the run folder, which a resumed run keeps: one log for every
-    attempt (re-logged steps replace the earlier rows, as `rlbatch ingest` reads them)."""
+    attempt (re-logged steps replace the earlier rows, as `rlbatch ingest` reads them).
+    A resumed attempt names its checkpoint (`--resume.step N`, the newest complete one; a
+    bare `--resume` takes the newest folder, complete or not); a fresh one passes `--clean`,
+    since prime-rl refuses a run folder holding an earlier attempt's files
+    (utils/pathing.py, FileExistsError). Two checkpoints are kept (`--ckpt.keep-last`)."""
     plan, _ = plan_settings(spec)
     ckpt = prime_rl_checkpoint(state)
     s = {**plan, "output_dir": str(state / "prime-rl"), "run.name": "trial",
          "max_steps": spec.total_steps, "ckpt.interval": spec.steps(spec.checkpoint_every_samples),
+         "ckpt.keep_last": 2,
          "orchestrator.eval.interval": spec.steps(spec.eval_every_samples),
          "inference.vllm.seed": spec.seed, "inference.vllm.max_num_seqs": spec.concurrency}
     argv = [w for k, v in s.items() for w in (f"--{k.replace('_', '-')}", fmt(v))]
-    argv += ["--ckpt"] + (["--resume"] if ckpt is not None else [])
+    argv += ["--ckpt"] + (["--resume.step", str(ckpt.step)] if ckpt is not None else ["--clean"])
     log = state / "prime-rl" / "trial" / "metrics.jsonl"
     return Launch(argv, {}, log, shared=True, resume=ckpt, settings=s, fresh=ckpt is None)
 
