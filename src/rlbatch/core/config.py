@@ -86,6 +86,13 @@ class Config(StrictModel):
         if self.target.gain is not None and not self.eval.at_start:
             raise ValueError("target.gain is relative to the step-0 evaluation: it needs "
                              "eval.at_start: true")
+        if self.target.gain is not None and self.command is not None \
+                and self.command.framework == "openrlhf":
+            # openrlhf/trainer/ppo_trainer.py `fit` (OpenRLHF 3c3be62): evaluation only after
+            # a training step, when global_step % eval.steps == 0
+            raise ValueError("target.gain: OpenRLHF evaluates only after training steps, never "
+                             "before training, so there is no start to measure a gain from; "
+                             "set target.value to an absolute score (and target.gain: null)")
         self.optimizer.resolve_lr(self.sequences_per_step, "optimizer")
         if self.algorithm == "ppo":
             self.critic.resolve_lr(self.sequences_per_step, "critic")
