@@ -6,8 +6,9 @@ machine), as one Markdown table and one JSON line.
         --replicates 200 --out docs/study/replays
 
 Each `--bank NAME=DIR` is replayed with the config `bench/banks/NAME.yaml`. Variants
-(VARIANTS): the full strategy as configured, with the futility stops, without early stops,
-with follow-ups for open configurations and alpha spent over the looks, with all three, and
+(VARIANTS): the full strategy with the defaults, with follow-ups for every configuration,
+with alpha spent over the looks, with follow-ups for open configurations and alpha spent,
+with the futility stops or without early stops (follow-ups for every configuration), and
 the probe strategy; each one's `rlbatch replay --json` document is written to
 `--out/NAME-VARIANT.json`.
 """
@@ -22,10 +23,13 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 VARIANTS = {
-    "full": ("full", []),
-    "full-futility": ("full", ["profile.early_stop_rule=futility"]),
-    "full-no-early-stop": ("full", ["profile.early_stop=false"]),
+    "full": ("full", []),  # the defaults: follow-ups for the challenger, alpha per look
+    "full-all": ("full", ["profile.follow_up=all"]),
+    "full-spent": ("full", ["profile.alpha_spending=true"]),
     "full-open-spent": ("full", ["profile.follow_up=open", "profile.alpha_spending=true"]),
+    "full-futility-all": ("full", ["profile.early_stop_rule=futility",
+                                   "profile.follow_up=all"]),
+    "full-no-early-stop-all": ("full", ["profile.early_stop=false", "profile.follow_up=all"]),
     "full-futility-open-spent": ("full", ["profile.early_stop_rule=futility",
                                           "profile.follow_up=open",
                                           "profile.alpha_spending=true"]),
@@ -50,7 +54,10 @@ def fmt(x, spec=".2f") -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bank", action="append", required=True, help="NAME=DIR")
+    ap.add_argument("--bank", action="append", default=[], help="NAME=DIR")
+    ap.add_argument("--from", dest="source", type=Path, default=None,
+                    help="print the table of the JSON documents an earlier --out wrote, "
+                    "replaying nothing")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--replicates", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
@@ -58,6 +65,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
+    if a.source is not None:
+        docs = [json.loads(p.read_text()) for p in sorted(a.source.glob("*.json"))]
+        order = list(VARIANTS)
+        docs.sort(key=lambda d: (d["bank"], order.index(d["variant"])))
+        return table(docs)
+    if not a.bank:
+        ap.error("give --bank NAME=DIR (or --from DIR)")
     banks = [b.split("=", 1) for b in a.bank]
     jobs = [(name, d, v, a.replicates, a.seed, a.follow) for name, d in banks
             for v in a.variants.split(",")]
@@ -67,6 +81,10 @@ def main() -> int:
         a.out.mkdir(parents=True, exist_ok=True)
         for d in docs:
             (a.out / f"{d['bank']}-{d['variant']}.json").write_text(json.dumps(d, indent=1))
+    return table(docs)
+
+
+def table(docs: list[dict]) -> int:
     print("| bank | procedure | replicates | recommends | within 5% of best | mean regret | "
           "slower than baseline | departed pick | median cost (x T_base) | coverage of the "
           "pick's 90% interval | followed next (mean) |")

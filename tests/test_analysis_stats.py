@@ -260,6 +260,12 @@ def test_recommendation_needs_an_advantage_that_holds_across_seeds():
     assert (rec["config"], rec["evidence"], rec["is_reference"]) == ("a", "established", False)
     assert rec["speedup_vs_reference"] == 10.0 / 6.0 and rec["p_faster_than_reference"] == 0.99
     assert [o["config"] for o in rec["open"]] == ["b"]
+    # the decision is made: nothing to follow, though b is named as possibly faster still
+    assert rec["next_seeds"] is None
+    assert rec["next"] == ("nothing for this decision (B=256 is shown faster); more seeds of "
+                           "B=512 and the reference could show one of them faster still")
+    alone = selection.recommend([REF, a], "ref")
+    assert alone["evidence"] == "established" and alone["next"] is None
 
 
 def test_recommendation_keeps_the_reference_and_says_what_to_run():

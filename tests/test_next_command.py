@@ -67,3 +67,23 @@ def test_a_probe_pick_is_named_as_something_to_try_not_a_verdict():
     assert "use B=" not in line and "--strategy full" in line
     keep = probe_decision_line({**d, "is_reference": True, "sequences_per_step": 128})
     assert keep.startswith("decision: keep the baseline B=128")
+
+
+def test_a_challenger_follow_up_is_printed_as_a_seeds_command_naming_what_it_runs(capsys):
+    """profile.follow_up: challenger: the decision's `next_set` becomes `--seeds N` in the
+    command to continue, and a line says the follow-up runs the baseline and the challenger
+    only."""
+    from rlbatch.cli import common
+    from rlbatch.cli.profile_cmds import _next_command, _print_decision
+
+    common.INVOKED = ["profile", "c.yaml", "--out", "p"]
+    doc = {"decision": {"next_set": {"profile.seeds": 5},
+                        "follow_up": {"configs": ["grpo-B256"], "seeds": 5}},
+           "analysis": {"recommendation": {"next_seeds": 7}}, "strategy": "full"}
+    assert shlex.split(_next_command(doc, "p")) == ["rlbatch", "profile", "c.yaml", "--seeds",
+                                                    "5", "--out", "p"]
+    doc.update(cost={"total_s": 1.0}, problem="x", analysis=None)
+    _print_decision(doc, "p", as_json=False)
+    out = capsys.readouterr().out
+    assert "the follow-up runs 5 seeds of the baseline and of grpo-B256 only" in out
+    assert out.strip().endswith("rlbatch profile c.yaml --seeds 5 --out p")

@@ -276,6 +276,44 @@ def test_a_follow_up_gives_new_seeds_to_the_open_configurations_only(tmp_path, f
         assert {"sqrt-P64-s1", "sqrt-P64-s2"} <= set(new)
 
 
+def test_a_challenger_follow_up_gives_new_seeds_to_the_baseline_and_the_challenger(tmp_path):
+    """Two candidates a little faster than the baseline (T ratios 0.89 and 0.92), neither
+    shown faster on two seeds: with profile.follow_up: challenger the decision names the
+    challenger (the lower point T, B = 256) and the seeds its own plan asks for, and the
+    follow-up runs new seeds of the baseline and B = 256 only."""
+    from rlbatch.analysis.selection import next_seeds
+    from rlbatch.profile.procedure import run_profile
+    from rlbatch.profile.replay import with_sets
+
+    path = config_file(tmp_path, "profile.prompts_per_step=[32,64]",
+                       "profile.follow_up=challenger")
+    cfg = replay_config(load_config(str(path)))
+    write_bank(cfg, tmp_path / "bank", range(12), {128: 100.0, 256: 112.0, 512: 109.0})
+    bank = load_bank(tmp_path / "bank")
+    out = tmp_path / "profile"
+    doc = run_profile(cfg, out, ReplayExecutor(bank, {s: s for s in range(12)}), poll_s=0.0)
+    rec = doc["analysis"]["recommendation"]
+    assert rec["evidence"] == "not_enough" and len(rec["open"]) == 2
+    chosen = next(e["config"] for e in doc["analysis"]["configs"]
+                  if e["sequences_per_step"] == 256)
+    plan = [p for p in rec["plan"] if p["config"] == chosen]
+    ref = next(e for e in doc["analysis"]["configs"] if e["verdict"] == "reference")
+    seeds = next_seeds(plan, ref)
+    assert seeds > 2
+    assert doc["decision"]["follow_up"] == {"configs": [chosen], "seeds": seeds}
+    assert doc["decision"]["next_set"] == {"profile.seeds": seeds}
+    first = {p.name for p in (out / "runs").iterdir()}
+    run_profile(with_sets(cfg, doc["decision"]["next_set"]), out,
+                ReplayExecutor(bank, {s: s for s in range(12)}), poll_s=0.0)
+    started = [e["trial"] for e in read_jsonl(out / "journal.jsonl")[0]
+               if e["event"] == "started"]
+    new = started[len(first):]
+    assert new and {t.rsplit("-s", 1)[0] for t in new} == {"base-P16", "sqrt-P32"}
+    skipped = next(e for e in read_jsonl(out / "journal.jsonl")[0]
+                   if e["event"] == "closed_configs_skipped")
+    assert {t.rsplit("-s", 1)[0] for t in skipped["trials"]} == {"sqrt-P64"}
+
+
 def test_a_bank_finds_its_finished_runs_under_another_versions_run_ids(saving, tmp_path):
     """Run ids hash the config, so another version of rlbatch may name the same run
     differently: `rlbatch bank` finds finished runs by configuration and seed, trains

@@ -195,8 +195,8 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA)
                  for e in pending],
         "plan": plan,
         "reference_lr_check": reference_lr_check(fam, ref),
-        "next": next_step(plan, ref),
-        "next_seeds": next_seeds(plan, ref),
+        "next": next_step(plan, ref) if not winners else settled(best, pending),
+        "next_seeds": next_seeds(plan, ref) if not winners else None,
         "rule": RULE,
         "statistic": STATISTIC,
         "comparison": COMPARISON,
@@ -282,6 +282,17 @@ def next_step(plan: list[dict], ref: dict) -> str | None:
     if seeds is None:
         return "; ".join(parts) + ": keep the baseline unless a smaller effect matters"
     return "; ".join(parts) + f" (e.g. rlbatch profile --seeds {seeds}), then analyze again"
+
+
+def settled(best: dict, pending: list[dict]) -> str | None:
+    """`next` once a candidate is shown faster: the decision asks for nothing more; the open
+    candidates (not shown faster than the reference) are named, since more seeds could show
+    one of them faster still."""
+    if not pending:
+        return None
+    others = ", ".join(f"B={e['sequences_per_step']}" for e in pending)
+    return (f"nothing for this decision (B={best['sequences_per_step']} is shown faster); more "
+            f"seeds of {others} and the reference could show one of them faster still")
 
 
 def next_seeds(plan: list[dict], ref: dict) -> int | None:

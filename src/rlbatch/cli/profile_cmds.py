@@ -178,6 +178,8 @@ def continue_command(argv: list[str], out_dir: str, seeds: int | None = None,
 
 def _next_command(doc: dict, out_dir: str) -> str | None:
     d = doc.get("decision") or {}
+    if d.get("next_set") and set(d["next_set"]) == {"profile.seeds"}:
+        return continue_command(common.INVOKED, out_dir, seeds=d["next_set"]["profile.seeds"])
     if d.get("next_set"):
         return continue_command(common.INVOKED, out_dir, sets=d["next_set"])
     rec = (doc.get("analysis") or {}).get("recommendation") or {}
@@ -212,6 +214,11 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
         print(f"trial {name} failed and is left out of the decision: {why}")
     if doc.get("failed_trials"):
         print("re-running the same command resumes the failed trials (finished ones are kept)")
+    follow = (d or {}).get("follow_up")
+    if command and follow:
+        print(f"the follow-up runs {follow['seeds']} seeds of the baseline and of "
+              f"{', '.join(follow['configs'])} only, the challenger: the open candidate with "
+              "the lowest point T (profile.follow_up: challenger)")
     if command:
         print(f"to continue this profile (finished trials are kept): {command}")
 

@@ -361,10 +361,12 @@ class ProfileConfig(StrictModel):
         "a configuration faster than the baseline by profile.smallest_effect (cannot_win), or "
         "needing exp(margin) x its N* (no_crossing), would have crossed by then in all but "
         "profile.futility_alpha of its runs (docs/analysis.md, 'The profile's early stopping')")
-    follow_up: Literal["all", "open"] = Field(
-        "all", description="a re-run with more seeds (the decision's `next`): all gives "
+    follow_up: Literal["all", "open", "challenger"] = Field(
+        "challenger", description="a re-run with more seeds (the decision's `next`): all gives "
         "every configuration the new seeds; open only the baseline and the configurations "
-        "the previous decision left open (neither ruled out nor shown faster)")
+        "the previous decision left open (neither ruled out nor shown faster); challenger "
+        "only the baseline and the open one with the lowest point T, with the seeds its own "
+        "plan asks for")
     alpha_spending: bool = Field(
         False, description="each re-run that follows the decision's `next` is another look: "
         "look k decides at alpha / 2^(k+1), so that all looks together keep alpha; off: "

@@ -205,7 +205,7 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
                 max_nstar=ev["max_nstar"], candidate_eval_every=every)
     cands = plan_trials(cfg, runs, c, seeds, kinds=("sqrt", "control", "schedule"),
                         eval_every=every)
-    if prof.follow_up == "open" and (closed := closed_configs(out)):
+    if prof.follow_up != "all" and (closed := closed_configs(out, prof.follow_up)):
         skipped = [t.name for t in cands if label(t) in closed and not t.run_dir().exists()]
         cands = [t for t in cands if t.name not in skipped]
         journal.log("closed_configs_skipped", configs=sorted(closed), trials=skipped)
@@ -248,18 +248,23 @@ def label(trial: Trial) -> str:
     return trial.name.rsplit("-s", 1)[0]
 
 
-def closed_configs(out: Path) -> set[str]:
-    """Configurations (trial labels) the previous decision in this folder no longer needs:
-    neither open nor shown faster (rejected, ruled out by one seed, or outside the
-    baseline's LR-scaling family, as the fixed-LR control). A follow-up with more seeds
-    (profile.follow_up: open) gives its new seeds to the baseline and the open ones only."""
+def closed_configs(out: Path, mode: str = "open") -> set[str]:
+    """Configurations (trial labels) the previous decision in this folder no longer needs.
+    `open`: those neither open nor shown faster (rejected, ruled out by one seed, or outside
+    the baseline's LR-scaling family, as the fixed-LR control); `challenger`: every one but
+    the previous challenger (the open one with the lowest point T) and those shown faster.
+    A follow-up with more seeds gives its new seeds to the baseline and the others only."""
     from rlbatch.core.runlog import read_json
 
     prev = read_json(out / "profile.json")
     rec = (prev.get("analysis") or {}).get("recommendation")
     if not rec:
         return set()
-    keep = {o["config"] for o in rec.get("open") or []} | set(rec.get("shown_faster") or [])
+    if mode == "challenger":
+        keep = {challenger(prev["analysis"])} - {None}
+    else:
+        keep = {o["config"] for o in rec.get("open") or []}
+    keep |= set(rec.get("shown_faster") or [])
     by_dir = {t["run_dir"]: t["trial"].rsplit("-s", 1)[0] for t in prev.get("trials") or []
               if t.get("kind") != "baseline"}
     closed = set()
@@ -267,6 +272,25 @@ def closed_configs(out: Path) -> set[str]:
         if e["config"] not in keep:
             closed |= {by_dir[r["run"]] for r in e["runs"] if r["run"] in by_dir}
     return closed
+
+
+def challenger_follow_up(result: dict) -> dict:
+    """profile.follow_up: challenger: when the decision is not_enough, the follow-up gives
+    its seeds to the baseline and the challenger only, as many as the challenger's own plan
+    asks for (`follow_up`, and `next_set` for the printed command); {} otherwise."""
+    from rlbatch.analysis.selection import next_seeds
+
+    rec = result["recommendation"]
+    chosen = challenger(result)
+    plan = [p for p in rec.get("plan") or [] if p["config"] == chosen]
+    if rec["evidence"] != "not_enough" or not plan:
+        return {}
+    ref = next(e for e in result["configs"] if e["config"] == result["reference"]["config"])
+    seeds = next_seeds(plan, ref)
+    if seeds is None:
+        return {}
+    return {"follow_up": {"configs": [chosen], "seeds": seeds},
+            "next_set": {"profile.seeds": seeds}}
 
 
 def _reference(base: list[Trial]) -> Trial:
@@ -296,6 +320,8 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
                     "sequences_per_step": rec["sequences_per_step"], "lr": rec["lr"],
                     "generation_concurrency": decode["chosen"] if decode.get(
                         "passed_to_command", True) else None, **rec}
+    if decision is not None and cfg.profile.follow_up == "challenger":
+        decision.update(challenger_follow_up(result))
     doc = {"config": cfg.name, "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
            "failed_trials": driver.failed, "cost": cost, "analysis": result}
