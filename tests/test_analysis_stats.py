@@ -296,6 +296,15 @@ def test_unconfirmed_candidate_is_open_not_recommended():
     assert rec["is_reference"] and rec["evidence"] == "not_enough"
     assert [c["config"] for c in rec["compared"]] == ["ref"]  # one seed: not compared
     assert selection.recommend([_entry("ref", "reference", None)], "ref") is None
+    # the only candidate failed (left out of the analysis): nothing was compared, and the
+    # evidence line says so instead of "none is left open"
+    alone = selection.recommend([REF], "ref")
+    assert alone["evidence"] == "none_faster" and alone["candidates_analysed"] == 0
+    from rlbatch.cli.decision_text import _headline
+    line = _headline(alone, {**REF, "prompts_per_step": 16, "samples_per_prompt": 8},
+                     "90%", None)[1]
+    assert "nothing was compared" in line and "none is left open" not in line
+    assert selection.recommend([REF, u], "ref")["candidates_analysed"] == 1
     assert selection.recommend([_entry("ref", "too_easy", 3.0)], "ref") is None
 
 

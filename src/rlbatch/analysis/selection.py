@@ -184,6 +184,7 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA)
         "time_ratio_ci": None if is_ref else vs.get("time_ratio_ci"),
         "p_faster_than_reference": None if is_ref else vs.get("p_faster"),
         "alpha": alpha,
+        "candidates_analysed": len([e for e in fam if e is not ref]),
         "shown_faster": [e["config"] for e in winners],
         "compared": [{"config": e["config"], "seeds": e["seeds"], "verdict": e["verdict"]}
                      for e in compared],

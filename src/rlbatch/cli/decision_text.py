@@ -59,6 +59,9 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
            "none_faster": "no candidate was shown faster, and none is left open (each was "
                           "stopped early, departed, or slower at its point estimate)",
            "not_enough": "no candidate's advantage is shown yet"}[rec["evidence"]]
+    if rec["evidence"] == "none_faster" and rec.get("candidates_analysed") == 0:
+        why = ("no candidate of the baseline's family has runs to compare (each failed or "
+               "none was run): nothing was compared")
     nstar = ("N* from a stretch fitted to each run's rising curve"
              if str(rec.get("statistic", "")).startswith("stretch")
              else "N* at each run's first crossing of the target")
