@@ -106,3 +106,24 @@ def test_minibatch_sequences_from_the_config(tmp_path):
     runs = load_runs([tmp_path]).runs.set_index("run")
     got = {os.path.basename(r): v for r, v in runs["minibatch_sequences"].items()}
     assert got == {"derived": 64, "ingested": 32, "plain": 64}
+
+
+def test_mccandlish_fit_is_least_squares_without_a_warning():
+    """The fit of 1/S on 1/E at realistic N* (x ~ 1e-4) is ordinary least squares, as
+    np.polyfit computes it, and writes nothing to stderr (polyfit's RankWarning did)."""
+    import warnings
+
+    import numpy as np
+
+    b = [64, 128, 256, 512]
+    e = [9000.0, 10400.0, 14100.0, 21000.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit = noise.mccandlish_fit(b, e)
+    x, y = 1 / np.array(e), np.array(b) / np.array(e)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slope, intercept = np.polyfit(x, y, 1)
+    assert fit["b_crit_mccandlish"] == pytest.approx(-slope, rel=1e-6)
+    assert fit["s_min"] == pytest.approx(1 / intercept, rel=1e-6)
+    assert noise.mccandlish_fit([64, 128], [9000.0, 9000.0])["b_crit_mccandlish"] is None

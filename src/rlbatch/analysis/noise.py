@@ -37,7 +37,13 @@ def mccandlish_fit(sequences, samples_to_target) -> dict:
         return out
     s = e / b
     x, y = 1.0 / e, 1.0 / s
-    slope, intercept = np.polyfit(x, y, 1)
+    # least squares in closed form: np.polyfit warns (RankWarning) on x ~ 1e-4 to stderr
+    dx = x - x.mean()
+    if not np.any(dx):
+        out["reason"] = "every batch size reached the target at the same N*: no fit"
+        return out
+    slope = float(np.dot(dx, y - y.mean()) / np.dot(dx, dx))
+    intercept = float(y.mean() - slope * x.mean())
     if intercept <= 0 or slope >= 0:
         out["reason"] = (f"points do not follow the S-E hyperbola (intercept {intercept:.3g} "
                          f"must be > 0, slope {slope:.3g} < 0)")
