@@ -261,3 +261,27 @@ def _assert_progress_lines_arrive_while_it_runs(config: Path, out: Path) -> None
     mine = [line for line in lines if line.startswith("trial sqrt-P8-s0 (B=64, lr 0.000141): ")]
     assert len(mine) == 2 and "running, " in mine[0] and "running" not in mine[1], lines
     assert json.loads(proc.stdout.read().strip().splitlines()[-1])["decision"] is not None
+
+
+# ---------------------------------------------------------------- a baseline that fails
+def test_a_profile_whose_baseline_failed_exits_2_naming_the_failure(tmp_path):
+    """Every trial's command crashes at its third step: there is no decision, and the profile
+    says why on stderr in one `error:` line and exits 2, not 0 as if it had decided (the
+    decision text, `decision: none (...)`, is still printed)."""
+    import os
+
+    config = _standin_profile(tmp_path, "crash", step_s=0.01)
+    data = yaml.safe_load(config.read_text())
+    data["command"]["env"]["LOG_WRITER_CRASH_AT"] = "3"
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "p"
+    proc = subprocess.run([*RLBATCH, "profile", str(config), "--out", str(out)],
+                          capture_output=True, text=True, check=False, timeout=600,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "decision: none (every baseline trial failed" in proc.stdout
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: no decision: every baseline "
+                                                     "trial failed (the first, base-P4-s0:")
+    profile = read_json(out / "profile.json")
+    assert profile["decision"] is None and "base-P4-s0" in profile["failed_trials"]

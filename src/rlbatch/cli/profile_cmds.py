@@ -110,7 +110,19 @@ def profile(
     driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
     ex = executors.make_executor(executor, cfg.profile.workers, address, trial_cpus, trial_gpus)
     run = probing.run_probe_profile if cfg.profile.strategy == "probe" else procedure.run_profile
-    _print_decision(_run_live(run, cfg, out_dir, ex), out_dir, as_json)
+    doc = _run_live(run, cfg, out_dir, ex)
+    _print_decision(doc, out_dir, as_json)
+    if baseline_failed(doc):
+        err.print(f"error: no decision: {doc['problem']}", markup=False, highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(2)
+
+
+def baseline_failed(doc: dict) -> bool:
+    """No decision because a baseline trial failed: the profile then exits 2 (its trials'
+    reasons are in `failed_trials`; re-running resumes them)."""
+    base = [t for t in doc.get("trials") or [] if t.get("kind") == "baseline"]
+    return doc.get("decision") is None and any(t.get("status") == "failed" for t in base)
 
 
 def _run_live(run, cfg, out_dir: str, ex) -> dict:
