@@ -129,7 +129,12 @@ def _stable(rows):
     return [{k: v for k, v in r.items() if not k.startswith(DETERMINISTIC_SKIP)} for r in rows]
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path):
+    """SIGKILL at step 10 of 24, then --resume: the log equals the uninterrupted run's.
+    Slow: its contract (a SIGKILLed run says `running` and resumes to the uninterrupted
+    log) is checked fast by test_kill::test_two_random_kills_resume_to_the_uninterrupted_log
+    (SIGKILLs inside an evaluation and inside a checkpoint write, at random steps)."""
     sets = ["batch.prompts_per_step=8", "budget.max_samples=1536", "eval.every_samples=512",
             "eval.prompts=64", "checkpoint.every_samples=256"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
