@@ -482,12 +482,16 @@ def test_a_signal_ignored_at_start_stays_ignored():
     assert res.returncode == 0 and res.stdout.strip() == "True", res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.trained
 def test_a_hand_started_train_cannot_take_a_running_profile_trial(tmp_path):
     """A profile's trial is an `rlbatch train` process that owns its run directory: a user's
     own `rlbatch train` of the same trial config (plain, `--fresh` or `--resume`) is refused
     in one line naming the trial's PID while the trial lives. The trial is paused (SIGSTOP)
-    meanwhile, so this holds whatever the machine's speed."""
+    meanwhile, so this holds whatever the machine's speed. Slow: the lock it meets is the
+    one every `rlbatch train` takes, checked fast by
+    test_two_trainings_on_one_out_the_second_is_refused_and_the_first_is_intact (plain,
+    `--fresh` and `--resume` refused in one line naming the owner's PID)."""
     out = tmp_path / "p"
     profile = subprocess.Popen(
         [sys.executable, "-m", "rlbatch.cli.main", "profile", "--preset", "quick", "--out",
