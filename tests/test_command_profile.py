@@ -107,7 +107,12 @@ def ray_cluster(tmp_path):
     pytest.importorskip("aiohttp")  # ray[default]: the dashboard that serves jobs
     ray = Path(sys.executable).parent / "ray"
     port, dash = _free_port(), _free_port()
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    # a home of its own: a ~/.ray/auth_token left by another Ray session on this machine
+    # (e.g. `ray.init` in test_profile's slow Ray test) turns token authentication on for
+    # the head, and the job client, which has no token, is then refused
+    home = tmp_path / "ray-home"
+    home.mkdir()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", HOME=str(home))
     start = subprocess.run([str(ray), "start", "--head", "--num-cpus", "2", "--port", str(port),
                             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
                             "--include-dashboard", "true", "--disable-usage-stats"],

@@ -69,14 +69,15 @@ def test_a_probe_pick_is_named_as_something_to_try_not_a_verdict():
     assert keep.startswith("decision: keep the baseline B=128")
 
 
-def test_a_challenger_follow_up_is_printed_as_a_seeds_command_naming_what_it_runs(capsys):
+def test_a_challenger_follow_up_is_printed_as_a_seeds_command_naming_what_it_runs(
+        capsys, monkeypatch):
     """profile.follow_up: challenger: the decision's `next_set` becomes `--seeds N` in the
     command to continue, and a line says the follow-up runs the baseline and the challenger
     only."""
     from rlbatch.cli import common
     from rlbatch.cli.profile_cmds import _next_command, _print_decision
 
-    common.INVOKED = ["profile", "c.yaml", "--out", "p"]
+    monkeypatch.setattr(common, "INVOKED", ["profile", "c.yaml", "--out", "p"])
     doc = {"decision": {"next_set": {"profile.seeds": 5},
                         "follow_up": {"configs": ["grpo-B256"], "seeds": 5}},
            "analysis": {"recommendation": {"next_seeds": 7}}, "strategy": "full"}
