@@ -168,8 +168,8 @@ def walkthrough_configs() -> dict[str, str]:
     for section in DOCS.read_text().split("\n### Walk-through: ")[1:]:
         title, body = section.split("\n", 1)
         body = body.split("\n### ", 1)[0].split("\n## ", 1)[0]
-        m = re.search(r"```yaml\n(.*?)```", body, re.S) or \
-            re.search(r"<<'YAML'\n(.*?)\nYAML\n", body, re.S)
+        m = re.search(r"```yaml\n(.*?)```", body, re.DOTALL) or \
+            re.search(r"<<'YAML'\n(.*?)\nYAML\n", body, re.DOTALL)
         assert m, f"walk-through {title!r} holds no config"
         out[title] = m.group(1)
     return out
