@@ -18,6 +18,7 @@ BENCHES = [
      "--concurrency", "1,2,4,8,16,32,64,128,256,512", "--prompt-tokens", "9",
      "--new-tokens", "32"],
     [sys.executable, str(HERE / "ingest_memory.py")],
+    [sys.executable, str(HERE / "tiny_build.py")],
 ]
 
 

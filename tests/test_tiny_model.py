@@ -135,14 +135,15 @@ class _Replay:
     def __init__(self, points):
         self.xs = [p for p, _ in points]
         self.ys = [a for _, a in points]
-        self.progress, self.scale, self.restores = 0.0, 1.0, []
+        self.progress, self.scale, self.restores, self.checks = 0.0, 1.0, [], []
 
     def step(self):
         self.progress += self.scale
 
-    def check(self):
+    def check(self, n):
         import numpy as np
 
+        self.checks.append((self.progress, n))
         return float(np.interp(self.progress, self.xs, self.ys)), [0.5, 0.5, 0.5, 0.5]
 
     def snapshot(self):
@@ -195,6 +196,40 @@ def test_band_search_fails_loudly_when_the_jump_cannot_be_split():
     msg = str(err.value)
     assert "0.25-0.4" in msg and "0.600" in msg and "\n" not in msg
     assert len(sim.restores) == TinyRecipe().max_backtracks
+
+
+def test_band_search_screens_far_below_the_band_and_decides_near_it_on_every_prompt():
+    """Checks far below the band use `screen_prompts`; the first screen at `near_accuracy` is
+    repeated at once on all `check_prompts`, and every later check (the ones that can accept,
+    go back or set the restore point near the band) uses them all."""
+    from rlbatch.rollout.tiny_model import run_band_search
+
+    r = TinyRecipe()
+    sim = _Replay(JUMP)
+    facts = run_band_search(r, sim)
+    first_full = next(i for i, (_, n) in enumerate(sim.checks) if n == r.check_prompts)
+    screened, full = sim.checks[:first_full], sim.checks[first_full:]
+    assert screened and all(n == r.screen_prompts for _, n in screened)
+    assert all(n == r.check_prompts for _, n in full)
+    # the screen that reached near_accuracy and its full check are taken at the same step
+    assert full[0][0] == screened[-1][0] and np_interp(JUMP, full[0][0]) >= r.near_accuracy
+    assert all(np_interp(JUMP, p) < r.near_accuracy for p, _ in screened[:-1])
+    # the history records each decision's check (the full one), with its prompt count
+    assert [h["prompts"] for h in facts["history"]] == \
+        [n for _, n in screened[:-1]] + [n for _, n in full]
+    assert facts["accuracy_check"] == pytest.approx(np_interp(JUMP, sim.checks[-1][0]))
+    # without screening every check uses all prompts and the decisions are the same
+    plain = _Replay(JUMP)
+    facts0 = run_band_search(replace(r, screen_prompts=0), plain)
+    assert {n for _, n in plain.checks} == {r.check_prompts}
+    assert [h["step"] for h in facts0["history"]] == [h["step"] for h in facts["history"]]
+    assert facts0["accuracy_check"] == facts["accuracy_check"]
+
+
+def np_interp(points, x):
+    import numpy as np
+
+    return float(np.interp(x, [p for p, _ in points], [a for _, a in points]))
 
 
 def test_band_search_waits_for_every_answer_position():

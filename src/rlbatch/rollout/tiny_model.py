@@ -61,12 +61,13 @@ class TinyRecipe:
     min_position_accuracy: float = 0.3
     max_backtracks: int = 4
     version: int = RECIPE_VERSION
-    # Fields added after version 3 enter the cache key only when they differ from these
-    # defaults, so the addition and reverse models keep their keys (see `key`).
+    # Fields added after version 3 enter the cache key only when they differ from the values
+    # in _LATE_FIELDS (the recipe as it was before each field existed; see `key`).
     max_positions: int = 128  # max_position_embeddings: prompt + longest answer must fit
     position_share: float = 0.5  # variable-length answers: positions checked (see below)
     report_prompts: int = 1024  # held-out prompts of the accuracy recorded after the build
     near_accuracy: float = 0.1  # checks every 5 steps from this accuracy on (see BandSearch)
+    screen_prompts: int = 256  # held-out prompts of a check while accuracy is far below the band
 
     def key(self) -> str:
         d = {k: v for k, v in asdict(self).items()
@@ -75,7 +76,7 @@ class TinyRecipe:
 
 
 _LATE_FIELDS = {"max_positions": 128, "position_share": 0.5, "report_prompts": 1024,
-                "near_accuracy": 0.1}
+                "near_accuracy": 0.1, "screen_prompts": 0}
 
 # Per-task recipe settings (the rest are TinyRecipe's defaults). runsum: longer sequences
 # (prompts up to 54 tokens, answers up to 134 + EOS) and a band that leaves RL room.
@@ -186,11 +187,15 @@ class BandSearch:
 
     Checks come every `check_every` steps while accuracy is below `near_accuracy` (0.1; 0.25
     for runsum, whose accuracy sits near 0.19 long before its jump), then every 5 steps (the
-    jump has started). A check below the band is the restore point. A check inside the
-    band (with every answer position at least `min_position_accuracy`) is accepted. A check
-    above it means the jump skipped the band between two checks: go back to the restore
-    point, halve the learning rate and check after every step; after `max_backtracks` such
-    returns, or after `max_sft_steps` steps in all, the build fails.
+    jump has started). While accuracy is below `near_accuracy` (and before any return), a
+    check screens the first `screen_prompts` held-out prompts only; a screen at or above
+    `near_accuracy` (or `band_low`) is repeated at once on all `check_prompts`, so that every
+    decision near the band rests on the full check. A check below the band is the restore
+    point. A check inside the band (with every answer position at least
+    `min_position_accuracy`) is accepted. A check above it means the jump skipped the band
+    between two checks: go back to the restore point, halve the learning rate and check after
+    every step; after `max_backtracks` such returns, or after `max_sft_steps` steps in all,
+    the build fails.
     """
 
     def __init__(self, recipe: TinyRecipe):
@@ -203,6 +208,13 @@ class BandSearch:
         if self.backtracks:
             return 1
         return self.r.check_every if self.last_accuracy < self.r.near_accuracy else 5
+
+    def prompts(self) -> int:
+        """Held-out prompts of the next check (`screen_prompts` while far below the band)."""
+        far = not self.backtracks and self.last_accuracy < self.r.near_accuracy
+        if far and 0 < self.r.screen_prompts < self.r.check_prompts:
+            return self.r.screen_prompts
+        return self.r.check_prompts
 
     def decide(self, acc: float, per_pos: list[float]) -> str:
         """'accept', 'continue' (this check is the new restore point when below the band),
@@ -220,8 +232,9 @@ class BandSearch:
 
 
 def run_band_search(recipe: TinyRecipe, sft) -> dict:
-    """Drive `sft` (an object with step() -> loss, check() -> (accuracy, position accuracy),
-    snapshot() -> state, restore(state), set_lr_scale(x)) until a check lands in the band.
+    """Drive `sft` (an object with step() -> loss, check(n) -> (accuracy, position accuracy)
+    on the first n held-out prompts, snapshot() -> state, restore(state), set_lr_scale(x))
+    until a check lands in the band.
     Returns the accepted check; raises WarmStartError when the band cannot be reached."""
     search = BandSearch(recipe)
     restore = (0, sft.snapshot())
@@ -234,9 +247,14 @@ def run_band_search(recipe: TinyRecipe, sft) -> dict:
         if since < search.every():
             continue
         since = 0
-        acc, per_pos = sft.check()
+        n = search.prompts()
+        acc, per_pos = sft.check(n)
+        if n < recipe.check_prompts and acc >= min(recipe.near_accuracy, recipe.band_low):
+            n = recipe.check_prompts
+            acc, per_pos = sft.check(n)
         history.append({"step": steps, "position": position, "accuracy": acc,
-                        "position_accuracy": per_pos, "lr_scale": search.lr_scale})
+                        "position_accuracy": per_pos, "lr_scale": search.lr_scale,
+                        "prompts": n})
         action = search.decide(acc, per_pos)
         if action == "accept":
             return {"sft_steps": steps, "trajectory_steps": position, "accuracy_check": acc,
@@ -286,8 +304,8 @@ class _SftRun:
         if self.progress:
             self.progress(self.steps, self.loss, None)
 
-    def check(self) -> tuple[float, list[float]]:
-        acc, per_pos = greedy_accuracy(self.model, self.tok, self.held_out, self.task,
+    def check(self, n: int) -> tuple[float, list[float]]:
+        acc, per_pos = greedy_accuracy(self.model, self.tok, self.held_out[:n], self.task,
                                        self.r.position_share)
         if self.progress:
             self.progress(self.steps, self.loss, acc)
