@@ -34,7 +34,7 @@ test: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-slow: setup
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -m slow -n $(TEST_WORKERS) --dist loadfile
 
 bench: setup
 	$(BIN)/python bench/run_all.py

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.procs import alive
+from helpers.procs import alive, with_default_stop_signals
 from rlbatch.core.config import RewardConfig
 from rlbatch.core.errors import ConfigError, RunFailed, sanitize, stop_signal
 from rlbatch.core.loading import load_config
@@ -391,9 +391,9 @@ def test_signals_are_written_down_once_and_without_a_traceback(tmp_path, sig, ti
                                                                failure):
     """SIGHUP (a closed terminal) is handled as SIGTERM is; five Ctrl-Cs 2 ms apart cannot
     skip the status write, nor reach the exit's atexit callbacks."""
-    proc = subprocess.Popen(_train_cmd(tmp_path, [*T512, "budget.max_samples=4096"]),
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(with_default_stop_signals(
+        _train_cmd(tmp_path, [*T512, "budget.max_samples=4096"])), env=_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         steps = _wait(lambda: next((p for p in tmp_path.glob("*/steps.jsonl")
                                     if p.read_text().strip()), None), proc, what="a step")

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from helpers.cli import run_cli, set_flags
+from helpers.procs import with_default_stop_signals
 from rlbatch.algos.advantages import grpo_advantages
 from rlbatch.core.config import RewardConfig
 from rlbatch.core.runlog import atomic_write_json, dumps_strict, read_run
@@ -354,8 +355,9 @@ def test_signal_marks_the_run_failed_and_resume_continues_it(tiny_model_dir, tmp
            *set_flags(sets)]
     subprocess.run(cmd + ["--out", str(tmp_path / "a")], env=_env(), check=True,
                    capture_output=True)
-    proc = subprocess.Popen(cmd + ["--out", str(tmp_path / "b")], env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(with_default_stop_signals(cmd + ["--out", str(tmp_path / "b")]),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     steps = _wait_for_rows("*/steps.jsonl", tmp_path / "b", 5, proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
