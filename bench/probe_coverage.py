@@ -19,8 +19,11 @@ them. Prints, per fraction, how often the nominal-90% intervals of r and of the 
 the truth, both the bootstrap ones of a single probe and those across probes, and the sd of
 the log prediction errors; last, one JSON line.
 
-  python bench/probe_coverage.py study-runs/aa-quick --candidates study-runs/grid-quick \
-      --target eval/accuracy=+0.15 --fractions 0.15,0.3,0.6 --draws 300
+  python bench/probe_coverage.py pc/base --candidates pc/cand \
+      --target eval/accuracy=+0.20 --fractions 0.15,0.3,0.6 --draws 300
+
+(pc/base and pc/cand: the committed no-saving bank's baseline and sqrt-rule candidates, as
+docs/analysis.md, "Probe predictions", lays them out.)
 """
 
 from __future__ import annotations
