@@ -205,3 +205,47 @@ def test_a_gain_target_is_refused_for_openrlhf_which_never_evaluates_before_trai
     assert code == 2 and len(lines) == 1, lines
     assert "target.gain: OpenRLHF evaluates only after training steps" in lines[0]
     assert "set target.value" in lines[0]
+
+
+def walkthrough_commands(title_start: str) -> list[str]:
+    """The `rlbatch profile` command lines of one walk-through of docs/integrations.md,
+    continuation lines joined."""
+    doc = (Path(__file__).parents[1] / "docs" / "integrations.md").read_text()
+    body = doc.split(f"### Walk-through: {title_start}", 1)[1].split("\n### ", 1)[0]
+    body = body.split("\n## ", 1)[0].replace("\\\n", " ")
+    return [" ".join(line.split("#", 1)[0].split()) for line in body.splitlines()
+            if line.startswith("rlbatch profile ")]
+
+
+@pytest.mark.parametrize("walkthrough", ["verl", "OpenRLHF"])
+def test_a_ray_job_of_a_ray_driver_asks_for_no_entrypoint_gpus(walkthrough, tmp_path, capsys):
+    """Ray reserves a job's entrypoint_num_gpus for the entrypoint, apart from the actors it
+    starts (ray/dashboard/modules/job/sdk.py `submit_job`, Ray 2.60), so verl's and
+    OpenRLHF's drivers, which ask Ray for their actors' GPUs, would find them taken:
+    `--trial-gpus` above 0 is refused in one line before anything is written, and the
+    walk-throughs' ray-job commands ask for none."""
+    from helpers.cli import run_cli
+
+    (text,) = [c for t, c in walkthrough_configs().items() if t.startswith(walkthrough)]
+    commands = walkthrough_commands(walkthrough)
+    jobs = [c for c in commands if "--executor ray-job" in c]
+    assert jobs and not any("--trial-gpus" in c for c in jobs), commands
+    config = tmp_path / "w.yaml"
+    config.write_text(text)
+    out = tmp_path / "p"
+    code, _, err = run_cli(["profile", config, "--out", out, "--executor", "ray-job",
+                            "--address", "http://127.0.0.1:9", "--trial-gpus", "8"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: --trial-gpus 8: a Ray job's GPUs are reserved for its "
+                               "entrypoint")
+    assert "leave --trial-gpus at 0" in lines[0] and not out.exists()
+
+
+def test_a_ray_job_of_rlbatch_train_may_ask_for_entrypoint_gpus(tmp_path):
+    """The built-in trainer trains inside the job's entrypoint: its GPUs are the entrypoint's."""
+    from rlbatch.core.loading import load_config
+    from rlbatch.profile.executors import check_trial_gpus
+
+    check_trial_gpus("ray-job", 8, load_config(None, preset="quick"))
+    check_trial_gpus("ray", 8, load_config(None, preset="quick"))

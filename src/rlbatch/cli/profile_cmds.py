@@ -58,6 +58,10 @@ def _plain_progress(metric: str):
     return show
 
 
+TRIAL_GPUS_HELP = ("ray, ray-job: GPUs a trial asks for (ray-job: its entrypoint's; 0 for verl "
+                   "and OpenRLHF, whose drivers ask Ray for their actors' own)")
+
+
 def profile(
     config: str | None = typer.Argument(None, help="YAML config naming the baseline "
                                            "(optimizer.reference_sequences and _lr), the "
@@ -80,7 +84,7 @@ def profile(
         None, help="ray: the cluster address (e.g. auto); ray-job: the dashboard's address "
         "(e.g. http://127.0.0.1:8265; default $RAY_ADDRESS)"),
     trial_cpus: float = typer.Option(1.0, help="ray, ray-job: CPUs a trial asks for"),
-    trial_gpus: float = typer.Option(0.0, help="ray, ray-job: GPUs a trial asks for"),
+    trial_gpus: float = typer.Option(0.0, help=TRIAL_GPUS_HELP),
     workers: int | None = typer.Option(None, help="trials at once (default: profile.workers)"),
     strategy: str | None = typer.Option(
         None, help="full (every candidate towards the target) | probe (short probes, "
@@ -106,6 +110,7 @@ def profile(
     if config is None and preset is None:
         preset = "quick"
     cfg = resolve(config, preset, overrides)
+    executors.check_trial_gpus(executor, trial_gpus, cfg)
     out_dir = out or f"profiles/{cfg.name}"
     driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
     ex = executors.make_executor(executor, cfg.profile.workers, address, trial_cpus, trial_gpus)

@@ -220,6 +220,24 @@ class RayJobExecutor(_Executor):
         self._running.clear()
 
 
+# Frameworks whose driver starts its own Ray actors and asks Ray for their GPUs (verl's
+# resource pools, OpenRLHF's placement groups). A ray-job's entrypoint_num_gpus are reserved
+# for the entrypoint, "separately from any tasks or actors launched by it" (Ray 2.60,
+# dashboard/modules/job/sdk.py `submit_job`), so they would be GPUs those actors cannot have.
+RAY_DRIVER_FRAMEWORKS = ("verl", "openrlhf")
+
+
+def check_trial_gpus(executor: str, trial_gpus: float, cfg) -> None:
+    """Refuse `--trial-gpus` on a ray-job whose command starts its own GPU actors."""
+    framework = cfg.command.framework if cfg.backend == "command" and cfg.command else None
+    if executor == "ray-job" and trial_gpus > 0 and framework in RAY_DRIVER_FRAMEWORKS:
+        raise ConfigError(
+            f"--trial-gpus {trial_gpus:g}: a Ray job's GPUs are reserved for its entrypoint, "
+            f"apart from the actors it starts, so {framework}'s own actors could not use them; "
+            f"leave --trial-gpus at 0 ({framework} asks Ray for its GPUs itself) and set "
+            "profile.workers to the number of trials the cluster holds at once")
+
+
 def make_executor(name: str, workers: int, address: str | None = None,
                   num_cpus: float = 1, num_gpus: float = 0):
     if num_cpus <= 0 or num_gpus < 0:
