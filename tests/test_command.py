@@ -217,6 +217,26 @@ def test_a_command_runs_to_its_budget_and_its_rows_are_what_ingest_reads(tmp_pat
     assert code == 0 and not (run / "command" / "attempts" / "002").exists()
 
 
+def test_a_command_in_another_workdir_writes_where_rlbatch_reads(tmp_path, capsys,
+                                                                   monkeypatch):
+    """Relative run paths (`output_dir: runs`, as `--out profiles/x` gives) with
+    `command.workdir` elsewhere: every path handed to the command is absolute, so the
+    command writes its log and checkpoints where rlbatch follows them, not under workdir."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    config = yaml.safe_load(_config(tmp_path).read_text())
+    config["output_dir"] = "runs"
+    config["command"]["workdir"] = str(elsewhere)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["train", "c.yaml", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["samples"] == 640
+    (attempt,) = [read_json(p) for p in _run_dir(tmp_path).glob("**/attempt.json")]
+    assert Path(attempt["log"]).is_absolute() and Path(attempt["log"]).is_file()
+    assert list(elsewhere.iterdir()) == []  # nothing written under the command's workdir
+
+
 def test_a_crashing_command_fails_the_run_in_one_line(tmp_path, capsys):
     code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_CRASH_AT=5)], capsys)
     lines = [x for x in err.strip().splitlines() if not x.startswith("stand-in: ")]  # progress

@@ -294,7 +294,9 @@ ADAPTERS = {"trl": _trl, "verl": _verl, "openrlhf": _openrlhf, "prime-rl": _prim
 def launch(spec: TrialSpec, base_argv: list[str], attempt: Path, state: Path) -> Launch:
     """The attempt's command: `base_argv` followed by the trial's overrides. `attempt` is
     this attempt's own folder, `state` the trial's folder kept across attempts (checkpoints,
-    a shared log)."""
+    a shared log). Both are made absolute: the command runs in `command.workdir`, where a
+    relative path would name another folder than the one rlbatch follows."""
+    attempt, state = Path(attempt).absolute(), Path(state).absolute()
     adapter = ADAPTERS.get(spec.framework)
     if adapter is None:
         raise ConfigError(f"command.framework: '{spec.framework}' cannot be launched; use one "
