@@ -59,6 +59,7 @@ def test_verl_overrides_convert_samples_to_rollout_steps_and_resume(tmp_path):
     assert kv["trainer.total_training_steps"] == "32"  # 4096 / 128
     assert kv["data.seed"] == "7" and kv["actor_rollout_ref.rollout.max_num_seqs"] == "64"
     assert kv["trainer.val_before_train"] == "true" and ln.resume_step == -1
+    assert kv["trainer.max_actor_ckpt_to_keep"] == kv["trainer.max_critic_ckpt_to_keep"] == "2"
     assert ln.env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "a1" / "verl.jsonl")
     # a checkpoint verl would resume from: validation is not repeated, rows after step 8 go
     ckpt = tmp_path / "verl-checkpoints"
@@ -78,6 +79,7 @@ def test_trl_flags_count_optimizer_steps_and_resume_from_the_newest_checkpoint(t
     assert ln.updates_per_step == 2
     assert flag["max_steps"] == "64" and flag["eval_steps"] == "8" and flag["save_steps"] == "16"
     assert flag["eval_on_start"] == "true" and "resume_from_checkpoint" not in flag
+    assert flag["save_total_limit"] == "2"  # transformers keeps every checkpoint by default
     assert ln.env["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "a1" / "tensorboard")
     out = tmp_path / "trl-output"
     for n, complete in ((16, True), (32, True), (48, False)):  # 48: cut before its state
@@ -98,6 +100,7 @@ def test_openrlhf_prime_rl_and_rlbatch_words(tmp_path):
     assert flags[flags.index("--train.batch_size") + 1] == "128"  # samples per update
     assert flags[flags.index("--eval.steps") + 1] == "4" and flags[-1] == "--ckpt.load_enable"
     assert flags[flags.index("--data.max_samples") + 1] == str(32 * 16)  # prompts of 32 steps
+    assert flags[flags.index("--ckpt.best_metric_key") + 1] == "none"  # no "best" saves
     p = launch(_spec("prime-rl"), ["uv", "run", "rl", "@", "rl.toml"], tmp_path / "p", tmp_path)
     assert p.argv[p.argv.index("--orchestrator.batch-size") + 1] == "128"
     assert p.argv[p.argv.index("--max-steps") + 1] == "32" and "--resume.step" not in p.argv

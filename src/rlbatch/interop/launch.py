@@ -132,6 +132,11 @@ def trl_checkpoint(state: Path, updates_per_step: float) -> Checkpoint | None:
     return Checkpoint(path, int(n // updates_per_step))
 
 
+# Checkpoints a trial keeps: a resume reads the newest complete one, and the one before it
+# covers a kill inside the newest's write.
+KEEP_CHECKPOINTS = 2
+
+
 def _trl(spec: TrialSpec, attempt: Path, state: Path) -> Launch:
     s, _ = plan_settings(spec)
     k = s["steps_per_generation"] * spec.epochs / s["gradient_accumulation_steps"]
@@ -145,6 +150,8 @@ def _trl(spec: TrialSpec, attempt: Path, state: Path) -> Launch:
               "eval_steps": spec.steps(spec.eval_every_samples) * k,
               "save_strategy": "steps",
               "save_steps": spec.steps(spec.checkpoint_every_samples) * k,
+              # a resume needs the newest; transformers keeps every checkpoint by default
+              "save_total_limit": KEEP_CHECKPOINTS,
               "output_dir": str(state / "trl-output")})
     ckpt = trl_checkpoint(state, k)
     if ckpt is None:
@@ -204,6 +211,9 @@ def _verl(spec: TrialSpec, attempt: Path, state: Path) -> Launch:
               "trainer.save_freq": spec.steps(spec.checkpoint_every_samples),
               "trainer.total_training_steps": spec.total_steps,
               "trainer.default_local_dir": str(state / "verl-checkpoints"),
+              # verl keeps every checkpoint by default (null, trainer/config/ppo_trainer.yaml)
+              "trainer.max_actor_ckpt_to_keep": KEEP_CHECKPOINTS,
+              "trainer.max_critic_ckpt_to_keep": KEEP_CHECKPOINTS,
               "trainer.resume_mode": "auto",
               # a resumed run validates at its checkpoint step again, which the first did
               "trainer.val_before_train": ckpt is None,
@@ -239,6 +249,9 @@ def _openrlhf(spec: TrialSpec, attempt: Path, state: Path) -> Launch:
               "--eval.steps": spec.steps(spec.eval_every_samples),
               "--ckpt.save_steps": spec.steps(spec.checkpoint_every_samples),
               "--ckpt.path": str(state / "openrlhf-checkpoints"),
+              # no full "best" checkpoint after each improving evaluation (ppo_trainer.py
+              # save_best_checkpoint, 3c3be62): its write would count as training time
+              "--ckpt.best_metric_key": "none",
               "--logger.tensorboard_dir": str(attempt / "tensorboard"),
               # the TensorBoard subfolder is the run name, by default a timestamp
               "--logger.wandb.run_name": "trial"})
