@@ -76,7 +76,9 @@ def _file_order(items):
 
     trained = {name(i) for i in items if i.get_closest_marker("trained") is not None}
     rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
-    first = min(trained, key=lambda f: rank.get(f, len(rank)), default=None)
+    # ties broken by name: a set's order follows the string hash, which differs between the
+    # workers (PYTHONHASHSEED), and xdist refuses workers that collected different orders
+    first = min(trained, key=lambda f: (rank.get(f, len(rank)), f), default=None)
 
     def key(item):
         f = name(item)

@@ -61,3 +61,25 @@ def test_the_slowest_tests_are_listed_and_those_past_the_limit_warned(pytester, 
     (warning,) = [line for line in out.splitlines() if line.startswith("warning: ")]
     assert warning.startswith("warning: 1 test(s) over 0.2 s of setup plus call: ")
     assert "test_z.py::test_slow" in warning and "test_quick" not in warning
+
+
+def test_two_workers_collect_trained_files_of_equal_rank_in_one_order(pytester):
+    """`_file_order` picks the first trained file by its rank in LONGEST_FIRST; files outside
+    it tie, and each xdist worker has its own string hash (PYTHONHASHSEED), so a tie broken
+    by a set's order gave the workers different orders, which xdist refuses ("Different
+    tests were collected"). Eight tied files: a tie left to the hash differs between two
+    workers seven times in eight."""
+    pytester.makeconftest(CONFTEST)
+    for name in "abcdefgh":
+        pytester.makepyfile(**{f"test_{name}": """
+            import pytest
+
+            @pytest.mark.trained
+            @pytest.mark.landing_free
+            def test_one():
+                pass
+        """})
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadfile",
+                                           "--no-loadscope-reorder", "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    result.assert_outcomes(passed=8)
