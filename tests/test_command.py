@@ -344,3 +344,35 @@ def test_bad_command_config_is_one_line_before_anything_is_written(tmp_path, cap
     code, _, err = run_cli(["train", "--preset", "grpo-tiny", "--set", "backend=command"],
                            capsys)
     assert code == 2 and "backend: command and a command: section go together" in err
+
+
+def test_the_program_is_looked_up_as_the_command_will_run_it(tmp_path, capsys):
+    """The command runs with `command.env` over rlbatch's environment, so a program found only
+    on `command.env.PATH` is accepted; a folder named as the program is refused in one line
+    (it would fail every trial with exit 127)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "my-trainer"
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    (tmp_path / "a-folder").mkdir()
+    path = _config(tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["command"]["argv"] = ["my-trainer"]
+    cfg["command"]["env"] = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    path.write_text(yaml.safe_dump(cfg))
+    code, _, err = run_cli(["config", "check", path], capsys)
+    assert code == 0, err
+    cfg["command"]["env"] = {"PATH": "/nonexistent"}
+    path.write_text(yaml.safe_dump(cfg))
+    code, _, err = run_cli(["config", "check", path], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        ("error: command.argv[0]: 'my-trainer' is not an executable program on "
+         f"command.env.PATH (or relative to {os.getcwd()})")]
+    cfg["command"] = {**cfg["command"], "argv": ["./a-folder"], "env": {},
+                      "workdir": str(tmp_path)}
+    path.write_text(yaml.safe_dump(cfg))
+    code, _, err = run_cli(["config", "check", path], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        ("error: command.argv[0]: './a-folder' is not an executable program on PATH (or "
+         f"relative to {tmp_path})")]

@@ -76,11 +76,16 @@ def check_command(cfg: Config) -> None:
         raise ConfigError(f"command.workdir: {c.workdir} is not a folder")
     program = c.argv[0]
     where = c.workdir or os.getcwd()
-    found = shutil.which(program) if os.sep not in program else \
-        (program if os.access(Path(where, program), os.X_OK) else None)
-    if found is None:
+    # the command runs with command.env over this environment: its PATH is the one searched
+    search = "command.env.PATH" if "PATH" in c.env else "PATH"
+    if os.sep in program:
+        file = Path(where, program)
+        found = file.is_file() and os.access(file, os.X_OK)
+    else:
+        found = shutil.which(program, path=c.env.get("PATH", os.environ.get("PATH"))) is not None
+    if not found:
         raise ConfigError(f"command.argv[0]: '{program}' is not an executable program on "
-                          f"PATH (or relative to {where})")
+                          f"{search} (or relative to {where})")
 
 
 TOKEN = "RLBATCH_COMMAND_TOKEN"  # in every process an attempt starts, whatever its group
