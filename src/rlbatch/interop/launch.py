@@ -291,7 +291,7 @@ def _prime_rl(spec: TrialSpec, attempt: Path, state: Path) -> Launch:
     ckpt = prime_rl_checkpoint(state)
     s = {**plan, "output_dir": str(state / "prime-rl"), "run.name": "trial",
          "max_steps": spec.total_steps, "ckpt.interval": spec.steps(spec.checkpoint_every_samples),
-         "ckpt.keep_last": 2,
+         "ckpt.keep_last": KEEP_CHECKPOINTS,
          "orchestrator.eval.interval": spec.steps(spec.eval_every_samples),
          "inference.vllm.seed": spec.seed, "inference.vllm.max_num_seqs": spec.concurrency}
     argv = [w for k, v in s.items() for w in (f"--{k.replace('_', '-')}", fmt(v))]
