@@ -386,3 +386,30 @@ def test_a_candidate_that_never_crossed_is_never_shown_faster():
                       vs_reference={**cmp, "time_ratio": None})
     rec = selection.recommend(entries, "r")
     assert rec["is_reference"] and rec["shown_faster"] == []
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+def test_the_picks_interval_allows_for_its_selection_among_m(m):
+    """The recommended candidate's `time_ratio_ci` is its own 90% interval widened to level
+    1 - 0.1/m (Benjamini-Yekutieli's FCR-adjusted interval for one selected of m), computed
+    from the same log-t interval; its upper end is below 1 exactly when the one-sided
+    p-value clears Holm's first step, 0.05/m. The unadjusted interval is kept beside it."""
+    from scipy import stats as sps
+
+    d, se, df = math.log(0.7), 0.12, 9
+    t90 = sps.t.ppf(0.95, df)
+    vs = {"time_ratio": 0.7, "time_ratio_ci": [math.exp(d - t90 * se), math.exp(d + t90 * se)],
+          "p_faster": float(sps.t.cdf(-d / se, df)), "df": df, "time_ratio_se": se}
+    cands = [dict(_entry(f"c{i}", "aligned", 7.0 + i), vs_reference=dict(vs)) for i in range(m)]
+    rec = selection.recommend([REF, *cands], "ref")
+    assert rec["config"] == "c0" and rec["candidates_analysed"] == m
+    tq = sps.t.ppf(1 - 0.05 / m, df)
+    assert rec["time_ratio_ci"] == pytest.approx([math.exp(d - tq * se), math.exp(d + tq * se)],
+                                                 rel=1e-9)
+    assert rec["time_ratio_ci_unadjusted"] == vs["time_ratio_ci"]
+    assert rec["time_ratio_ci_level_each"] == pytest.approx(1 - 0.1 / m)
+    # the edge: a p-value exactly at Holm's first step puts the upper end exactly at 1
+    d_edge = -sps.t.ppf(1 - 0.05 / m, df) * se
+    edge = {**vs, "time_ratio_ci": [math.exp(d_edge - t90 * se), math.exp(d_edge + t90 * se)]}
+    assert selection.selected_interval(edge, m)[1] == pytest.approx(1.0, rel=1e-9)
+    assert selection.selected_interval({**vs, "time_ratio_ci": [None, 0.9]}, m) == [None, 0.9]

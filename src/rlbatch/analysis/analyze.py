@@ -254,15 +254,16 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         "settings": {**_settings(margin, ci, n_boot, seed, smooth), "statistic": statistic},
         "configs": entries, "critical_batch": critical,
         "prediction": _predict(entries, ref, critical["mccandlish_fit"]),
-        "recommendation": _recommend(entries, ref_id, statistic, alpha),
+        "recommendation": _recommend(entries, ref_id, statistic, alpha, ci),
         "fixed_lr_controls": _controls(entries, ref, fits, by_id, ci),
         "problem": _problem(ref),
         "warnings": _warnings(frames, missing, entries),
     })
 
 
-def _recommend(entries: list[dict], ref_id: str, statistic: str, alpha: float) -> dict | None:
-    rec = selection.recommend(entries, ref_id, alpha)
+def _recommend(entries: list[dict], ref_id: str, statistic: str, alpha: float,
+               ci: float) -> dict | None:
+    rec = selection.recommend(entries, ref_id, alpha, ci)
     if rec is not None:
         rec["statistic"] = STATISTICS[statistic]
     return rec

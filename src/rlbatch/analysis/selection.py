@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from rlbatch.analysis import invariance, seedstats
+from rlbatch.analysis.defaults import DEFAULT_CI
 from rlbatch.analysis.stats import finite_or_none
 
 MIN_SEEDS = 2
@@ -153,10 +154,31 @@ def challenger(entries: list[dict], ref: dict) -> dict | None:
                                     e["config"]))
 
 
-def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA) -> dict | None:
+def selected_interval(vs: dict, m: int, ci: float = DEFAULT_CI) -> list:
+    """The pick's T-ratio interval allowing for its selection among the m candidates of the
+    family: its own interval at level `ci`, widened (same centre on the log scale, the same
+    t distribution) to level 1 - (1 - ci) / m. This is the false-coverage-rate adjusted
+    interval of Benjamini and Yekutieli (2005, JASA 100:71-81) for R = 1 parameter selected
+    of m: the chance that a pick is made and its interval misses is at most 1 - ci. Its
+    upper end is below 1 exactly when the candidate passes Holm's first step at one-sided
+    (1 - ci) / 2 / m (alpha = 0.05 at ci = 0.9). Ends that are unknown stay unknown."""
+    lo, hi = (vs.get("time_ratio_ci") or [None, None])[:2]
+    df = vs.get("df") or 0
+    if lo is None or hi is None or lo <= 0 or hi <= 0 or df < 1 or m <= 1:
+        return [lo, hi]
+    scale = seedstats.t_quantile(df, 1 - (1 - ci) / m) / seedstats.t_quantile(df, ci)
+    mid, half = (math.log(lo) + math.log(hi)) / 2, (math.log(hi) - math.log(lo)) / 2
+    return [finite_or_none(math.exp(mid - scale * half)),
+            finite_or_none(math.exp(mid + scale * half))]
+
+
+def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA,
+              ci: float = DEFAULT_CI) -> dict | None:
     """The recommendation (None when the reference itself has no resolved time to target).
     The seed plan is at the level the decision uses for a single candidate, Holm's first
-    step: alpha / m over the m candidates of the family."""
+    step: alpha / m over the m candidates of the family. `time_ratio_ci` of a recommended
+    candidate allows for its selection (`selected_interval`); its own interval, the one its
+    row shows, is `time_ratio_ci_unadjusted`."""
     ref = next(e for e in entries if e["config"] == reference)
     if ref["verdict"] == "too_easy" or ref["time_to_target"] is None:
         return None
@@ -181,7 +203,9 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA)
         "evidence": evidence,
         "speedup_vs_reference": None if is_ref else _ratio(ref["time_to_target"],
                                                            best["time_to_target"]),
-        "time_ratio_ci": None if is_ref else vs.get("time_ratio_ci"),
+        "time_ratio_ci": None if is_ref else selected_interval(vs, m, ci),
+        "time_ratio_ci_unadjusted": None if is_ref else vs.get("time_ratio_ci"),
+        "time_ratio_ci_level_each": None if is_ref else 1 - (1 - ci) / m,
         "p_faster_than_reference": None if is_ref else vs.get("p_faster"),
         "alpha": alpha,
         "candidates_analysed": len([e for e in fam if e is not ref]),

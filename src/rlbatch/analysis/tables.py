@@ -16,10 +16,10 @@ from rlbatch.analysis.labels import config_labels, finite_float, ratio_or_none
 from rlbatch.analysis.runs import RunFrames
 
 
-def saving_interval(cand: dict, ref: dict, settings: dict) -> list:
-    """Interval of 1 - T_cand/T_ref from the analysis's T-ratio interval of the candidate
-    (stats.compare); None = unbounded."""
-    lo, hi = ((cand.get("vs_reference") or {}).get("time_ratio_ci") or [None, None])
+def saving_interval(time_ratio_ci: list | None) -> list:
+    """Interval of 1 - T_cand/T_ref from a T-ratio interval (the recommendation's, which
+    allows for the pick: selection.selected_interval); None = unbounded."""
+    lo, hi = time_ratio_ci or [None, None]
     return [None if hi is None else finite_float(1.0 - hi),
             None if lo is None else finite_float(1.0 - lo)]
 
@@ -66,7 +66,8 @@ def _decision_data(doc: dict, profile: dict | None, configs: dict | None) -> dic
         "reference_time_to_target_ci": ref["time_to_target_ci"],
         "measured_saving": saving,
         "measured_saving_ci": None if rec["is_reference"]
-        else saving_interval(e, ref, doc["settings"]),
+        else saving_interval(rec.get("time_ratio_ci")),
+        "candidates_analysed": rec.get("candidates_analysed"),
         "p_faster": rec["p_faster_than_reference"], "speedup": rec["speedup_vs_reference"],
         "predicted_saving": None if rec["is_reference"] or pred is None else 1.0 - pred,
         "b_noise": (doc.get("prediction") or {}).get("b_noise"),

@@ -53,7 +53,7 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
         lines.append(f"decision: keep the baseline {where}")
     else:
         lines.append(f"decision: {where}: {num(rec['speedup_vs_reference'])}x faster than the "
-                     f"baseline, across {rec['seeds']} seeds")
+                     f"baseline, across {rec['seeds']} seeds" + _pick_interval(rec, ci))
     alpha = rec.get("alpha", 0.05)
     why = {"established": f"its time-to-target advantage is shown at one-sided {alpha:.0%}",
            "none_faster": "no candidate was shown faster, and none is left open (each was "
@@ -70,6 +70,18 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
                  f"intervals, each on its own (docs/analysis.md, 'Two intervals read "
                  f"together'), {paired} comparisons, T = N*/q, {nstar}")
     return lines
+
+
+def _pick_interval(rec: dict, ci: str) -> str:
+    """`; T ratio 0.66 [0.5, 0.87], 90% allowing for its pick among 3 candidates` (the
+    recommendation's selection-adjusted interval, selection.selected_interval)."""
+    t = rec.get("time_ratio_ci")
+    if not t or None in t:
+        return ""
+    m = rec.get("candidates_analysed") or 1
+    allowing = f", {ci} allowing for its pick among {m} candidates" if m > 1 else f", {ci}"
+    return (f"; T ratio {num(1 / rec['speedup_vs_reference'])}{interval(t)}{allowing}"
+            if rec.get("speedup_vs_reference") else "")
 
 
 def _compared_lines(rec: dict, entries: dict, labels: dict) -> list[str]:

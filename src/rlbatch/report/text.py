@@ -102,8 +102,10 @@ def decision_lines(d: dict) -> list[str]:
                  f"{interval(d['time_to_target_ci'])} against the reference's "
                  f"{num(d['reference_time_to_target'])} s "
                  f"{interval(d['reference_time_to_target_ci'])} ({d['reference_label']}).")
+    m = d.get("candidates_analysed") or 1
+    among = f" allowing for its pick among {m} candidates" if m > 1 else ""
     lines.append(f"Measured saving: {pct(d['measured_saving'])} "
-                 f"({level} interval {interval(d['measured_saving_ci'], pct)}); "
+                 f"({level} interval{among} {interval(d['measured_saving_ci'], pct)}); "
                  f"speed-up {num(d['speedup'])}x; P(faster) = {num(d['p_faster'])}.")
     if d["predicted_saving"] is not None:
         lines.append(f"Predicted saving (McCandlish model, B_noise = {num(d['b_noise'])} from "
