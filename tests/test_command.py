@@ -26,6 +26,7 @@ import yaml
 from helpers.cli import run_cli
 from helpers.procs import alive
 from rlbatch.backends.command.follow import Attempt, Follower, join, output_tail
+from rlbatch.core.ownership import disown
 from rlbatch.core.runlog import STOP_FILE, read_json, read_jsonl
 from rlbatch.interop.ingest import IngestOptions, convert
 from rlbatch.interop.launch import TrialSpec, launch
@@ -301,6 +302,201 @@ def test_a_stop_file_stops_the_command_as_a_profile_early_stop_does(tmp_path):
         assert not alive(int(f.read_text()))
 
 
+def test_a_train_killed_outright_takes_its_command_with_it(tmp_path):
+    """`rlbatch train` is SIGKILLed while its command, which ignores SIGTERM, hangs: the
+    kernel's parent-death signal (SIGKILL, exec_child.py) ends the command too, checked in
+    /proc, instead of leaving it holding its GPU."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = _train(_config(tmp_path, LOG_WRITER_STEP_S=0.1, LOG_WRITER_HANG_AT=3,
+                          LOG_WRITER_TRAP_TERM=1, LOG_WRITER_PIDS=pids))
+    _wait_for(lambda: len(_steps(tmp_path)) >= 2)
+    command = [int(f.read_text()) for f in pids.iterdir()]
+    assert len(command) == 1 and alive(command[0])
+    proc.kill()
+    proc.communicate(timeout=60)
+    _wait_for(lambda: not alive(command[0]), timeout=10)
+
+
+@pytest.mark.parametrize("fault", ["LOG_WRITER_ROTATE_AT", "LOG_WRITER_TRUNCATE_AT"])
+def test_a_rotated_or_truncated_log_keeps_the_rows_already_read(tmp_path, capsys, fault):
+    """The stand-in moves its log aside (or truncates it) before step 12 and writes on: the
+    run keeps steps 1..11 as read, continues with 12..20, its clock running on (train_s at
+    step 20 is the 20 steps' time, not the 9 after the fault, which shortened T in the
+    candidate's favour), and a warning names the log."""
+    code, out, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
+                                               **{fault: 12}), "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    steps = read_jsonl(_run_dir(tmp_path) / "steps.jsonl")[0]
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    assert [r["train_s"] for r in steps] == pytest.approx([0.1 * s for s in range(1, 21)])
+    warned = [w for w in summary["command"]["warnings"] if "rotated or truncated" in w]
+    # the first read after the fault saw either the new rows or, before them, an empty log
+    assert len(warned) == 1 and ("start at step 12, after steps 1..11 were read" in warned[0]
+                                 or "hold no step, after 11 were read" in warned[0])
+
+
+def test_a_deleted_log_keeps_its_rows_and_the_run_says_it_ended_short(tmp_path, capsys):
+    """The stand-in deletes its log before step 4 and exits 0 at its end: the 3 steps read
+    are kept (it used to say "exited 0 without logging a training step after 0 logged
+    step(s)" and wipe them), a warning says the log holds no step now, and the run, short
+    of its budget, says so in `stop_reason`."""
+    code, out, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
+                                               LOG_WRITER_DELETE_AT=4), "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    steps = read_jsonl(_run_dir(tmp_path) / "steps.jsonl")[0]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert summary["status"] == "budget_exhausted" and summary["stop_reason"].startswith(
+        "ended_short: the command exited 0 after 96 of budget.max_samples 640 samples")
+    assert any("hold no step, after 3 were read" in w for w in summary["command"]["warnings"])
+
+
+def test_continue_rows_keeps_what_a_shorter_log_lost():
+    """The pure rule: a log that still holds every step read is taken as it is; one that now
+    starts later is continued (train_s shifted when it restarted); one cut at its end keeps
+    the rows read past the cut."""
+    from rlbatch.backends.command.follow import continue_rows
+
+    def rows(first, last, t0=0.0):
+        return [{"step": s, "train_s": t0 + s - first + 1} for s in range(first, last + 1)]
+
+    same = continue_rows(rows(1, 3), [], rows(1, 5), [])
+    assert same == (rows(1, 5), [], None)
+    steps, _, what = continue_rows(rows(1, 5), [], rows(6, 7), [])
+    assert [r["step"] for r in steps] == list(range(1, 8)) and \
+        [r["train_s"] for r in steps] == [1, 2, 3, 4, 5, 6, 7]
+    assert what == "start at step 6, after steps 1..5 were read"
+    steps, _, what = continue_rows(rows(1, 5), [], rows(1, 2), [])
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5] and what.startswith("end at step 2")
+    steps, _, what = continue_rows(rows(1, 5), [{"step": 4}], [], [])
+    assert steps == rows(1, 5) and what == "hold no step, after 5 were read"
+
+
+def test_an_attempt_that_started_over_is_not_spliced_as_a_resume(tmp_path, capsys):
+    """The stand-in crashes after step 5 (its checkpoint: step 4); the resumed attempt is
+    given that checkpoint but starts over from step 1, as a trainer that could not load it
+    does. Its rows are the run's rows from step 1, on its own clock; spliced after the first
+    attempt's steps 1..4, steps 1..4 would have been trained twice and their time counted
+    once more than the learning curve shows."""
+    once, restart = tmp_path / "crashed", tmp_path / "restart"
+    config = _config(tmp_path, LOG_WRITER_STEP_S=0.1, LOG_WRITER_CRASH_AT=6,
+                     LOG_WRITER_CRASH_ONCE=once, LOG_WRITER_RESTART_IF=restart)
+    code, _, err = run_cli(["train", config], capsys)
+    assert code == 2 and once.exists(), err
+    restart.write_text("ignore the checkpoint")
+    code, out, err = run_cli(["train", config, "--resume", "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    run = _run_dir(tmp_path)
+    second = json.loads((run / "command" / "attempts" / "002" / "attempt.json").read_text())
+    assert second["resume_step"] == 4
+    steps = read_jsonl(run / "steps.jsonl")[0]
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    assert [r["train_s"] for r in steps] == pytest.approx([0.1 * s for s in range(1, 21)])
+    assert any("attempt 2 was given the checkpoint at step 4 but logged step 1 again" in w
+               for w in summary["command"]["warnings"])
+
+
+def test_a_run_failed_by_a_bad_log_line_resumes_once_the_trainer_is_fixed(tmp_path, capsys):
+    """The stand-in writes a line that is not verl's before step 7 (its checkpoint: step 4):
+    the run fails in one line, and the re-run resumes it from the checkpoint with the rows
+    read before the bad line (steps 1..4) joined to the new attempt's. The first attempt's
+    log is not read again: it used to fail every re-run within a second, as it said it
+    would resume."""
+    once = tmp_path / "bad-line-written"
+    config = _config(tmp_path, LOG_WRITER_STEP_S=0.1, LOG_WRITER_BAD_LINE_AT=7,
+                     LOG_WRITER_CRASH_ONCE=once)
+    code, _, err = run_cli(["train", config], capsys)
+    assert code == 2 and once.exists() and "its log cannot be read" in err, err
+    code, out, err = run_cli(["train", config, "--resume", "--json"], capsys)
+    assert code == 0, err
+    run = _run_dir(tmp_path)
+    steps = read_jsonl(run / "steps.jsonl")[0]
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    assert [r["train_s"] for r in steps] == pytest.approx([0.1 * s for s in range(1, 21)])
+    second = json.loads((run / "command" / "attempts" / "002" / "attempt.json").read_text())
+    assert second["resume_step"] == 4 and json.loads(out.splitlines()[-1])["steps"] == 20
+
+
+def test_a_run_begun_by_an_earlier_release_is_resumed_not_started_over(tmp_path, capsys):
+    """A failed run as an earlier release left it: its config.yaml lacks a setting added
+    since (`rollout.simulated_latency_s`, default 0) and still has the `profile` section
+    that release counted, so its directory carries another id. `rlbatch train --resume`
+    finds it (core/runmatch.py), says so in one line, and continues it from its checkpoint
+    there, instead of starting the run over in a new directory."""
+    once = tmp_path / "crashed"
+    config = _config(tmp_path, LOG_WRITER_STEP_S=0.05, LOG_WRITER_CRASH_AT=6,
+                     LOG_WRITER_CRASH_ONCE=once)
+    code, _, err = run_cli(["train", config], capsys)
+    assert code == 2, err
+    run = _run_dir(tmp_path)
+    older = run.with_name(run.name.rsplit("-", 1)[0] + "-0ldre1ea")
+    disown(run)  # the first run's lock, which this process still holds (a separate process
+    run.rename(older)  # in real use)
+    recorded = yaml.safe_load((older / "config.yaml").read_text())
+    assert recorded["rollout"].pop("simulated_latency_s") == 0.0
+    recorded["profile"] = {"seeds": 1, "statistic": "crossing"}
+    (older / "config.yaml").write_text(yaml.safe_dump(recorded))
+    code, _out, err = run_cli(["train", config, "--resume", "--json"], capsys)
+    assert code == 0, err
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [older.name]
+    notes = [x for x in err.splitlines() if x.startswith("note: ")]
+    assert notes == [(f"note: {older} was written by an earlier rlbatch (its id today would be "
+                     f"{run.name}); its recorded config is this run's, the settings added "
+                     "since at their defaults (rollout.simulated_latency_s): it is this run, "
+                     "continued as it is")]
+    second = json.loads((older / "command" / "attempts" / "002" / "attempt.json").read_text())
+    assert second["resume_step"] == 4
+    assert [r["step"] for r in read_jsonl(older / "steps.jsonl")[0]] == list(range(1, 21))
+
+
+def test_an_earlier_release_run_is_matched_only_when_nothing_else_differs():
+    """What runmatch accepts: settings the record lacks at their current default; what it
+    refuses: such a setting at another value, a changed value, a setting the record has that
+    no longer exists, a derived value that changed."""
+    from rlbatch.core.loading import load_config
+    from rlbatch.core.runmatch import added_at_default
+
+    resolved = load_config(preset="grpo-tiny").resolved_dict()
+
+    def without(d: dict, section: str, key: str) -> dict:
+        out = json.loads(json.dumps(d))
+        del out[section][key]
+        return out
+
+    older = without(resolved, "rollout", "simulated_latency_s")
+    assert added_at_default(resolved, older) == ["rollout.simulated_latency_s"]
+    assert added_at_default(resolved, resolved) == []
+    latency = json.loads(json.dumps(resolved))
+    latency["rollout"]["simulated_latency_s"] = 0.25
+    assert added_at_default(latency, older) is None
+    changed = json.loads(json.dumps(older))
+    changed["batch"]["prompts_per_step"] += 1
+    assert added_at_default(resolved, changed) is None
+    gone = json.loads(json.dumps(resolved))
+    gone["rollout"]["a_setting_since_removed"] = 1
+    assert added_at_default(resolved, gone) is None
+    derived = json.loads(json.dumps(older))
+    derived["derived"]["actor_lr"] *= 2
+    assert added_at_default(resolved, derived) is None
+
+
+def test_a_daemon_the_command_left_behind_ends_with_the_run(tmp_path):
+    """The command leaves a daemon that called `setsid` with an empty environment (outside
+    its process group, without its token) and then finishes its budget. `rlbatch train`,
+    its subreaper, adopted the daemon and stops it when the run ends: gone from /proc."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = _train(_config(tmp_path, LOG_WRITER_PIDS=pids, LOG_WRITER_DAEMON=1))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["status"] == "target_reached"
+    daemon = int((pids / "daemon.pid").read_text())
+    _wait_for(lambda: not alive(daemon), timeout=10)
+
+
 def test_sigterm_is_written_down_and_resume_continues_from_the_checkpoint(tmp_path):
     """Killed after step 5 (its checkpoint: step 4), resumed: the rows of steps 5.. come from
     the second attempt, train_s runs on from step 4's, nothing is lost or logged twice."""
@@ -376,3 +572,36 @@ def test_the_program_is_looked_up_as_the_command_will_run_it(tmp_path, capsys):
     assert code == 2 and err.strip().splitlines() == [
         ("error: command.argv[0]: './a-folder' is not an executable program on PATH (or "
          f"relative to {tmp_path})")]
+
+
+def test_trials_and_shims_start_with_the_working_directory_last_on_sys_path(tmp_path):
+    """Files named like standard modules beside the user's run (`inspect.py`, `typing.py`,
+    `ctypes.py`) break `python -m`, which puts the working directory first on sys.path: that
+    is shown first, so the test fails wherever the fault does not exist. A profile's trial
+    (`trial_command`) and the command's exec shim start through core/launch.py instead: the
+    trial reaches its own error about the missing config, the shim runs its program, and a
+    module of the working directory (a reward module) is still found, last."""
+    from rlbatch.core.launch import module_argv
+    from rlbatch.profile.executors import trial_command
+
+    for name in ("inspect", "typing", "ctypes"):
+        (tmp_path / f"{name}.py").write_text(f'raise ImportError("the user\'s {name}.py")\n')
+    (tmp_path / "mymod.py").write_text(
+        "import sys\nprint(sys.argv[1:], sys.path.index('') == len(sys.path) - 1)\n")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              check=False, timeout=120)
+
+    plain = run([sys.executable, "-m", "rlbatch.cli.main", "--help"])
+    assert plain.returncode == 1 and "ImportError: the user's" in plain.stderr
+    trial = run(trial_command(tmp_path / "missing.yaml"))
+    assert trial.returncode == 2, trial.stderr[-2000:]
+    assert trial.stderr.startswith("error:") and "missing.yaml" in trial.stderr
+    assert "ImportError" not in trial.stderr
+    shim = run(module_argv("rlbatch.backends.command.exec_child", str(os.getpid()),
+                           sys.executable, "-c", "print('the program ran')"))
+    assert (shim.returncode, shim.stdout) == (0, "the program ran\n"), shim.stderr[-2000:]
+    mine = run(module_argv("mymod", "a", "b"))
+    assert (mine.returncode, mine.stdout) == (0, "['a', 'b'] True\n"), mine.stderr

@@ -290,3 +290,115 @@ def test_a_profile_whose_baseline_failed_exits_2_naming_the_failure(tmp_path):
                                                      "trial failed (the first, base-P4-s0:")
     profile = read_json(out / "profile.json")
     assert profile["decision"] is None and "base-P4-s0" in profile["failed_trials"]
+
+
+# ---------------------------------------------------------------- the command checked first
+@pytest.mark.parametrize("change, line", [
+    ({"argv": ["no-such-trainer"]},
+     ("error: command.argv[0]: 'no-such-trainer' is not an executable program on PATH "
+      "(or relative to {cwd})")),
+    ({"workdir": "no-such-folder"}, "error: command.workdir: no-such-folder is not a folder"),
+])
+def test_profile_checks_the_command_before_anything_is_written(tmp_path, capsys, monkeypatch,
+                                                                change, line):
+    """A missing program or working directory (a relative one read from another directory
+    included) is refused by `rlbatch profile` in the line `rlbatch train` would print, exit
+    2, and no profile folder, instead of `run directory not found` after the first trial
+    with the reason only in that trial's log."""
+    from helpers.cli import run_cli
+
+    config = _standin_profile(tmp_path, "unchecked", step_s=0.01)
+    data = yaml.safe_load(config.read_text())
+    data["command"].update(change)
+    config.write_text(yaml.safe_dump(data))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, _, err = run_cli(["profile", config, "--out", tmp_path / "p"], capsys)
+    assert code == 2 and err.strip().splitlines() == [line.format(cwd=elsewhere)]
+    assert not (tmp_path / "p").exists()
+
+
+# ---------------------------------------------------------------- a trial still running
+HOLD = ("import os, sys, time\nfrom rlbatch.core.ownership import own\n"
+        "os.makedirs(sys.argv[1], exist_ok=True)\n"
+        "own(sys.argv[1], 'run directory')\nprint('held', flush=True)\ntime.sleep(300)\n")
+
+
+def test_a_trial_still_running_elsewhere_is_refused_not_analysed(tmp_path):
+    """The profile is SIGKILLed once its first trial has started; that trial's run directory
+    is then held by another live process, as an orphaned trial of the killed profile holds
+    it. A re-run refuses in one line naming the trial and the holder's PID, exit 2, starts
+    no trial and writes no decision (it used to list the trial as failed and read its partial
+    rows as final: `decision: none`, exit 0). Nothing of the re-run is written down, so a
+    later re-run resumes the trial as test_a_killed_profile_reruns_no_finished_trial does."""
+    from helpers.profile_kill import kill_profile_when
+
+    config = _standin_profile(tmp_path, "held", step_s=0.01)
+    out = tmp_path / "p"
+    cmd = [*RLBATCH, "profile", str(config), "--out", str(out), "--json"]
+    kill_profile_when(cmd, out, lambda ev: any(e["event"] == "started" for e in ev),
+                      timeout_s=120)
+    run_dir = _trial_dirs(out)["base-P4-s0"]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        before = read_jsonl(out / "journal.jsonl")[0]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"error: trial base-P4-s0: its run directory {run_dir} is in use by PID "
+            f"{holder.pid} on host {socket.gethostname()} ")
+        assert lines[0].endswith("a trial of an earlier profile that is still running: wait "
+                                 "for it to end, or stop that process, then re-run this "
+                                 "profile")
+        after = read_jsonl(out / "journal.jsonl")[0][len(before):]
+        assert not any(e["event"] in ("started", "trial_failed") for e in after), after
+        assert not (out / "profile.json").exists() or \
+            read_json(out / "profile.json").get("decision") is None
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# ---------------------------------------------------------------- SIGKILL of the profile alone
+def test_a_profile_killed_outright_takes_its_trials_and_their_commands_with_it(tmp_path):
+    """Only the profile process is SIGKILLed (not its group, as a scheduler's `kill -9 PID`
+    does) while its trial's command, which ignores SIGTERM, hangs. The trial gets SIGTERM
+    from the kernel (core/launch.py), writes down its end and stops its command, SIGKILL
+    after command.stop_grace_s: both are gone from /proc, and the run says why."""
+    import signal
+    import time
+
+    from helpers.procs import alive
+
+    config = _standin_profile(tmp_path, "orphans", step_s=0.1)
+    data = yaml.safe_load(config.read_text())
+    data["command"]["env"].update({"LOG_WRITER_HANG_AT": "4", "LOG_WRITER_TRAP_TERM": "1"})
+    data["command"]["stop_grace_s"] = 2
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "p"
+    proc = subprocess.Popen([*RLBATCH, "profile", str(config), "--out", str(out), "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + 120
+    steps = None
+    while time.monotonic() < deadline and steps is None:
+        found = list(out.glob("runs/*/steps.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 3:
+            steps = found[0]
+        time.sleep(0.1)
+    assert steps is not None, "the trial did not start"
+    trial_pid = json.loads((steps.parent / "owner.lock").read_text())["pid"]
+    command_pid = json.loads(next(out.glob("runs/*/command/attempts/001/attempt.json"))
+                             .read_text())["pid"]
+    assert alive(trial_pid) and alive(command_pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (alive(trial_pid) or alive(command_pid)):
+        time.sleep(0.1)
+    assert not alive(trial_pid) and not alive(command_pid)
+    assert read_json(steps.parent / "summary.json")["failure"] == "terminated by SIGTERM"

@@ -15,17 +15,38 @@ Behaviour from the environment:
 - LOG_WRITER_CRASH_AT: raise at this step (after logging the one before);
 - LOG_WRITER_HANG_AT: stop logging at this step and sleep;
 - LOG_WRITER_PIDS: a folder to write this process's PID (and a child's) into;
-- LOG_WRITER_CHILD: start a child process that sleeps (it must die with the group).
+- LOG_WRITER_CHILD: start a child process that sleeps (it must die with the group);
+- LOG_WRITER_TRAP_TERM: ignore SIGTERM, as a trainer that traps it and carries on;
+- LOG_WRITER_BAD_LINE_AT: before this step (after a pause in which the follower reads what
+  was written), write a line that is not JSON, then go on;
+- LOG_WRITER_CRASH_ONCE: a file; LOG_WRITER_CRASH_AT and LOG_WRITER_BAD_LINE_AT apply only
+  while it does not exist (the fault creates it), so the next attempt runs through;
+- LOG_WRITER_RESTART_IF: a file; when it exists, the checkpoint is ignored and training
+  starts again from step 1 (a checkpoint that cannot be loaded, or resume turned off);
+- LOG_WRITER_ROTATE_AT: before this step, move the log to `<log>.1` and start a new one;
+- LOG_WRITER_TRUNCATE_AT: before this step, truncate the log to nothing and write on;
+- LOG_WRITER_DELETE_AT: before this step, delete the log and write on into the deleted file;
+- LOG_WRITER_DAEMON: leave a daemon behind (LOG_WRITER_PIDS/daemon.pid): it forks away from
+  a helper that exits, calls `setsid` and has an empty environment, so it is neither in the
+  command's process group nor marked with its token.
 """
+
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+DAEMON = ("import os, sys, time\n"
+          "if os.fork() == 0:\n"
+          "    os.setsid()\n"
+          "    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+          "    time.sleep(3600)\n")
 
 
 def _args(argv: list[str]) -> dict:
@@ -46,17 +67,33 @@ def main(argv: list[str]) -> int:
     step_s = float(os.environ.get("LOG_WRITER_STEP_S", "0.05"))
     crash_at = int(os.environ.get("LOG_WRITER_CRASH_AT", "0"))
     hang_at = int(os.environ.get("LOG_WRITER_HANG_AT", "0"))
+    if os.environ.get("LOG_WRITER_TRAP_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.environ.get("LOG_WRITER_PIDS"):
         pids = Path(os.environ["LOG_WRITER_PIDS"])
         (pids / f"{os.getpid()}.pid").write_text(str(os.getpid()))
         if os.environ.get("LOG_WRITER_CHILD"):
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
             (pids / f"{child.pid}.pid").write_text(str(child.pid))
+        if os.environ.get("LOG_WRITER_DAEMON"):
+            subprocess.run([sys.executable, "-c", DAEMON, str(pids / "daemon.pid")], env={},
+                           check=True)
+    bad_at = int(os.environ.get("LOG_WRITER_BAD_LINE_AT", "0"))
+    once = os.environ.get("LOG_WRITER_CRASH_ONCE")
+    if once and Path(once).exists():
+        crash_at = bad_at = 0
     try:
         start = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
     except OSError:
         start = 0
-    log = open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0)  # noqa: SIM115
+    restart_if = os.environ.get("LOG_WRITER_RESTART_IF")
+    if restart_if and Path(restart_if).exists():
+        start = 0
+    path = os.environ["VERL_FILE_LOGGER_PATH"]
+    log = open(path, "wb", buffering=0)  # noqa: SIM115
+    rotate_at = int(os.environ.get("LOG_WRITER_ROTATE_AT", "0"))
+    truncate_at = int(os.environ.get("LOG_WRITER_TRUNCATE_AT", "0"))
+    delete_at = int(os.environ.get("LOG_WRITER_DELETE_AT", "0"))
 
     def write(step: int, data: dict) -> None:
         log.write((json.dumps({"step": step, "data": data}) + "\n").encode())
@@ -66,9 +103,27 @@ def main(argv: list[str]) -> int:
     print(f"stand-in trainer: steps {start + 1}..{total} of {p} x {g}", flush=True)
     for step in range(start + 1, total + 1):
         if step == crash_at:
+            if once:
+                Path(once).write_text("crashed")
             raise RuntimeError(f"stand-in trainer: crash at step {step}")
         if step == hang_at:
             time.sleep(3600)
+        if step == bad_at:
+            time.sleep(1.0)
+            if once:
+                Path(once).write_text("bad line")
+            log.write(b"this is not a log line\n")
+        if step in (rotate_at, truncate_at, delete_at):
+            time.sleep(1.0)  # what was written is read before it goes
+        if step == delete_at:
+            os.unlink(path)
+        if step == rotate_at:
+            log.close()
+            os.replace(path, path + ".1")
+            log = open(path, "wb", buffering=0)  # noqa: SIM115
+        if step == truncate_at:
+            log.truncate(0)
+            log.seek(0)
         time.sleep(step_s)
         data = {"timing_s/step": step_s, "timing_s/gen": step_s / 2,
                 "response_length/mean": 5.0, "critic/score/mean": step / total,

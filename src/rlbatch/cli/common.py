@@ -16,6 +16,9 @@ from rlbatch.core.runlog import dumps_strict
 # The arguments this invocation was given after `rlbatch` (set by main.main), for commands
 # that print a command to continue them.
 INVOKED: list[str] = []
+# Whether rlbatch is this process's program (main.main called with no argv), not a library
+# call inside another program: process-wide settings (a subreaper) are made only then.
+WHOLE_PROCESS = False
 
 SetOption = typer.Option(None, "--set", help="override a config value: a.b=c (repeatable)")
 PresetOption = typer.Option(None, "--preset", help="start from a built-in preset")

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     from rlbatch.cli import common
 
     common.INVOKED[:] = list(argv) if argv is not None else sys.argv[1:]
+    common.WHOLE_PROCESS = argv is None
     try:
         app(args=argv, prog_name="rlbatch")
     except RunFailed as exc:

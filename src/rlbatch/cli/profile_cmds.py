@@ -110,7 +110,7 @@ def profile(
     if config is None and preset is None:
         preset = "quick"
     cfg = resolve(config, preset, overrides)
-    executors.check_trial_gpus(executor, trial_gpus, cfg)
+    _check_before_writing(cfg, executor, trial_gpus)
     out_dir = out or f"profiles/{cfg.name}"
     driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
     ex = executors.make_executor(executor, cfg.profile.workers, address, trial_cpus, trial_gpus)
@@ -121,6 +121,20 @@ def profile(
         err.print(f"error: no decision: {doc['problem']}", markup=False, highlight=False,
                   soft_wrap=True)
         raise typer.Exit(2)
+
+
+def _check_before_writing(cfg, executor: str, trial_gpus: float) -> None:
+    """What the trials would refuse, refused once before anything is written: GPUs a Ray
+    job cannot pass on, and for local command trials what each trial's `rlbatch train`
+    checks of its command (a trial on a Ray cluster runs where the program may be installed
+    instead)."""
+    from rlbatch.profile import executors
+
+    executors.check_trial_gpus(executor, trial_gpus, cfg)
+    if cfg.backend == "command" and executor == "local":
+        from rlbatch.backends.command.run import check_command
+
+        check_command(cfg)
 
 
 def baseline_failed(doc: dict) -> bool:

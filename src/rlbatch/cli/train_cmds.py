@@ -57,8 +57,11 @@ def train(
 
             trainer = TRLRun(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
         elif cfg.backend == "command":  # the user's own command, followed through its log
-            from rlbatch.backends.command.run import CommandRun
+            from rlbatch.backends.command.run import CommandRun, become_subreaper
+            from rlbatch.cli import common
 
+            if common.WHOLE_PROCESS:  # descendants that leave the command's group stay ours
+                become_subreaper()
             trainer = CommandRun(cfg, resume=resume, fresh=fresh)
         else:
             trainer = Trainer(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())

@@ -82,6 +82,28 @@ def own(directory: str | os.PathLike, what: str) -> None:
     _HELD[key] = fd
 
 
+def held_by(directory: str | os.PathLike) -> str | None:
+    """Who owns `directory` now, if another process does (`PID 123 on host h (...)`), else
+    None: the lock is tried and at once released, so the caller does not keep it."""
+    path = Path(directory).resolve()
+    lock = path / LOCK_FILE
+    if str(path) in _HELD or not lock.is_file():
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return _holder(lock)
+        return None
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return None
+
+
 def owned(directory: str | os.PathLike) -> bool:
     return str(Path(directory).resolve()) in _HELD
 

@@ -11,6 +11,7 @@ in its run directory holding the reason); run statuses and stop codes are the ru
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from pathlib import Path
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
 from rlbatch.core.config import Config
-from rlbatch.core.errors import EXIT_DIVERGED, sanitize
-from rlbatch.core.ownership import own
+from rlbatch.core.errors import EXIT_DIVERGED, UserError, sanitize
+from rlbatch.core.ownership import held_by, own
 from rlbatch.core.runlog import (
     FINISHED,
     STOP_FILE,
@@ -34,6 +35,7 @@ from rlbatch.core.runlog import (
     read_jsonl,
     yaml_text,
 )
+from rlbatch.core.runmatch import find_run_dir, note_text
 from rlbatch.profile.trials import Trial, baseline_prompts
 
 Progress = Callable[[list[dict]], None]
@@ -83,17 +85,30 @@ class Driver:
         self.poll_s = poll_s
         self.all: list[Trial] = []
         self.failed: dict[str, str] = {}  # trial name -> why, for the trials that failed
+        self._noted: set[str] = set()  # trials whose earlier-release directory was said
 
     def run(self, trials: list[Trial], stopper: Stopper | None = None) -> None:
         for t in trials:
             if t not in self.all:
                 self.all.append(t)
+        for t in trials:  # an earlier release's directory of a trial: said once, kept
+            note = find_run_dir(t.config.output_dir, t.config.resolved_dict(), t.seed)[1]
+            if note is not None and t.name not in self._noted:
+                self._noted.add(t.name)
+                self.journal.log("earlier_run_dir", trial=t.name, **note)
+                print(f"trial {t.name}: {note_text(note)}", file=sys.stderr, flush=True)
         pending = []
         for t in trials:  # a failed trial is not finished: its process resumes it
             if trial_ended(t):
                 self.journal.log("skipped_finished", trial=t.name, run_dir=str(t.run_dir()))
             else:
                 pending.append(t)
+        for t in pending:  # an earlier profile's trial still running: not a failure to resume
+            if (holder := held_by(t.run_dir())) is not None:
+                raise UserError(f"trial {t.name}: its run directory {t.run_dir()} is in use by "
+                                f"{holder}, a trial of an earlier profile that is still "
+                                "running: wait for it to end, or stop that process, then "
+                                "re-run this profile")
         by_name = {t.name: t for t in trials}
         while pending or self.ex.running():
             while pending and self.ex.capacity() > 0:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlbatch.core.errors import ConfigError
+from rlbatch.core.launch import module_argv
 
 
 def trial_env(workers: int) -> dict:
@@ -34,9 +34,12 @@ def trial_env(workers: int) -> dict:
     return dict(os.environ, PYTHONUNBUFFERED="1", RLBATCH_THREADS=str(threads))
 
 
-def trial_command(config_path: Path) -> list[str]:
-    return [sys.executable, "-m", "rlbatch.cli.main", "train", str(config_path), "--resume",
-            "--json"]
+def trial_command(config_path: Path, die_with_parent: bool = False) -> list[str]:
+    """`rlbatch train CONFIG --resume --json`, the working directory last on sys.path
+    (core/launch.py); `die_with_parent`: SIGTERM to the trial when its starter ends (a local
+    trial: the profile), which the trial handles as any SIGTERM, stopping its command."""
+    return module_argv("rlbatch.cli.main", "train", str(config_path), "--resume", "--json",
+                       die_with_parent=die_with_parent)
 
 
 @dataclass
@@ -77,8 +80,8 @@ class LocalExecutor(_Executor):
     def submit(self, name: str, config_path: Path, log_path: Path) -> None:
         env = trial_env(self.workers)
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(trial_command(config_path), stdout=log, stderr=log, env=env,
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(trial_command(config_path, die_with_parent=True),
+                                    stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL)
         self._running[name] = (proc, log_path)
 
     def poll(self) -> list[Finished]:

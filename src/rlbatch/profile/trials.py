@@ -21,7 +21,7 @@ from pathlib import Path
 from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError
 from rlbatch.core.loading import validate_config
-from rlbatch.core.runlog import make_run_id
+from rlbatch.core.runmatch import find_run_dir
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,13 @@ class Trial:
 
     @property
     def run_id(self) -> str:
-        return make_run_id(self.config.resolved_dict(), self.seed)
+        """The name of its directory (`run_dir`)."""
+        return self.run_dir().name
 
     def run_dir(self) -> Path:
-        return Path(self.config.output_dir) / self.run_id
+        """Its directory: that of its run id, or an earlier release's of the same run
+        (core/runmatch.py), as `rlbatch train` opens it."""
+        return find_run_dir(self.config.output_dir, self.config.resolved_dict(), self.seed)[0]
 
 
 def baseline_prompts(cfg: Config) -> int:

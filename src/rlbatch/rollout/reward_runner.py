@@ -39,6 +39,7 @@ from rlbatch.core.errors import (
     pending_stop,
     sanitize,
 )
+from rlbatch.core.launch import module_argv
 from rlbatch.rollout.deadline import CallTimeout, Deadlines, alarm_usable
 from rlbatch.rollout.rewards import BUILTIN_REWARDS, make_reward
 from rlbatch.rollout.tasks import Example
@@ -197,7 +198,7 @@ class _Worker:
         # stays in it and is killed with it; a terminal's Ctrl-C or hang-up reaches only
         # the trainer, which closes the pool
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlbatch.rollout.reward_runner", str(child.fileno())],
+            module_argv("rlbatch.rollout.reward_runner", str(child.fileno())),
             pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
             start_new_session=True)
         child.close()

@@ -176,7 +176,8 @@ def boxed(tolerance: float) -> RewardFn:
 # ---------------------------------------------------------------- resolution
 
 IMPORT_HINT = ("modules are found on the Python import path: the working directory when "
-               "run as `python -m`, installed packages, and the folders in PYTHONPATH")
+               "run as `python -m` or as a profile's trial, installed packages, and the "
+               "folders in PYTHONPATH")
 
 
 def import_reward(spec: str) -> RewardFn:

@@ -61,6 +61,7 @@ from rlbatch.core.runlog import (
     read_jsonl,
     truncate_jsonl_after_step,
 )
+from rlbatch.core.runmatch import added_at_default, find_run_dir, note_text
 from rlbatch.rollout.reward_runner import RewardError
 
 REWARD_ERRORS = "reward_errors.jsonl"
@@ -353,8 +354,10 @@ def open_run(cfg: Config, *, resume: bool = False, fresh: bool = False) -> RunSt
     in it is read, deleted or written: another live owner is one line, exit 2, and `--fresh`
     and `--resume` refuse the same way."""
     resolved = cfg.resolved_dict()
-    run_id = make_run_id(resolved, cfg.seed)
-    run_dir = Path(cfg.output_dir) / run_id
+    run_dir, earlier = find_run_dir(cfg.output_dir, resolved, cfg.seed)
+    run_id = run_dir.name
+    if earlier is not None:  # an earlier release's directory of this very run
+        print(note_text(earlier), file=sys.stderr)
     new = not run_dir.exists()
     make_dir(run_dir)
     try:
@@ -415,8 +418,9 @@ def check_recorded_config(run_dir: Path, run_id: str, resolved: dict) -> None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot be read to resume the run ({type(exc).__name__})",
                           where=str(path)) from None
-    if isinstance(recorded, dict) and \
-            make_run_id(recorded, recorded.get("seed", resolved.get("seed"))) == run_id:
+    if isinstance(recorded, dict) and (
+            make_run_id(recorded, recorded.get("seed", resolved.get("seed"))) == run_id
+            or added_at_default(resolved, recorded) is not None):  # core/runmatch.py
         return
     ours, theirs = _flat(identity(resolved)), _flat(identity(recorded)
                                                      if isinstance(recorded, dict) else {})

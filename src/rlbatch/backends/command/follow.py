@@ -9,7 +9,11 @@ rest with its own, and its training seconds continue from the earlier rows' `tra
 step c (a converter counts seconds from the start of the log it reads). An attempt whose
 checkpoint step is not known from outside is cut where its own rows start. A log shared by
 every attempt (a framework that resumes into its own log: `rlbatch train`) is read once, as
-it stands. docs/integrations.md, "Following a command".
+it stands. Rows once read are kept: when an attempt's own log is rotated or truncated (its rows
+now start later, or fewer are left), the rows read before are kept up to where the new
+ones start, the new ones' clock continues from them, and a warning says so
+(`continue_rows`). An attempt that has ended keeps its rows in its folder (`freeze`): a
+re-run reads those, not its log again. docs/integrations.md, "Following a command".
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlbatch.core.errors import ConfigError, DataError
-from rlbatch.core.runlog import read_jsonl
+from rlbatch.core.runlog import atomic_write_json, read_json, read_jsonl
 
 # what `train_s` of each framework's rows is measured by
 TRAIN_S_SOURCE = {
@@ -49,6 +53,7 @@ class Attempt:
     log: Path
     shared: bool
     resume_step: int | None
+    rows_file: Path | None = None  # its rows, kept once it ended (`Follower.freeze`)
 
 
 def signature(paths: list[Path]) -> tuple:
@@ -91,6 +96,7 @@ class Follower:
         self.framework, self.options = framework, options
         self._sig: tuple | None = None
         self._rows: tuple[list, list] = ([], [])
+        self._seen: dict[Path, tuple[list, list]] = {}  # each log's rows as last read
         self.warnings: list[str] = []
         self.conversions = 0  # reads that converted (a log had changed)
         self.cpu_s = 0.0  # CPU seconds of every read, in all
@@ -115,16 +121,59 @@ class Follower:
         shared_done = False
         for a in attempts:
             if a.shared:
-                if not shared_done:  # the framework resumes into this one log itself
-                    steps, evals = self._convert(a.log)
+                if not shared_done:  # the framework resumes into this one log itself (and
+                    # cuts it back to its checkpoint: a shorter log is not a fault there)
+                    steps, evals = self._convert_as_it_stands(a.log)
                     shared_done = True
                 continue
-            new_steps, new_evals = self._convert(a.log)
-            steps, evals = join(steps, evals, new_steps, new_evals, a.resume_step)
+            new_steps, new_evals = self._frozen(a) or self._convert(a.log)
+            resume = a.resume_step
+            if restarted(new_steps, resume):
+                resume = -1  # its rows replace every earlier row: never spliced
+                note = (f"attempt {a.number} was given the checkpoint at step {a.resume_step} "
+                        f"but logged step {new_steps[0]['step']} again: it started over, so "
+                        "the run's rows are its own from its first step (the earlier "
+                        "attempts' rows and time are not counted)")
+                if note not in self.warnings:
+                    self.warnings.append(note)
+            steps, evals = join(steps, evals, new_steps, new_evals, resume)
         self._rows = (steps, evals)
         return steps, evals, True
 
+    def freeze(self, a: Attempt) -> None:
+        """Keep the rows of an attempt that has ended in its `rows_file`, read once more
+        from its log, or as last read when the log no longer converts (a bad line after
+        them): a later re-run joins those instead of converting the log again, so a log
+        that failed its run does not fail every resume of it."""
+        if a.shared or a.rows_file is None:
+            return
+        try:
+            rows = self._convert(a.log)
+        except DataError:
+            rows = self._seen.get(a.log)
+        if rows is not None:
+            atomic_write_json(a.rows_file, {"log": str(a.log), "steps": rows[0],
+                                            "evals": rows[1]})
+
+    def _frozen(self, a: Attempt) -> tuple[list, list] | None:
+        if a.rows_file is None or not a.rows_file.is_file():
+            return None
+        doc = read_json(a.rows_file)
+        return doc["steps"], doc["evals"]
+
     def _convert(self, log: Path) -> tuple[list, list]:
+        steps, evals = self._convert_as_it_stands(log)
+        before = self._seen.get(log)
+        if before is not None:
+            steps, evals, lost = continue_rows(*before, steps, evals)
+            if lost is not None and not any(w.startswith(f"{log}: ") for w in self.warnings):
+                self.warnings.append(
+                    f"{log}: the log was rotated or truncated (its rows now {lost}); the rows "
+                    "read before are kept and its training seconds continue from them")
+        self._seen[log] = (steps, evals)
+        return steps, evals
+
+    def _convert_as_it_stands(self, log: Path) -> tuple[list, list]:
         if self.framework == "rlbatch":
             steps, evals, warnings = _rlbatch_rows(log)
         else:
@@ -141,6 +190,47 @@ class Follower:
             if w not in self.warnings and "truncated" not in w:  # a line being written
                 self.warnings.append(w)
         return steps, evals
+
+
+def continue_rows(steps: list, evals: list, new_steps: list, new_evals: list
+                  ) -> tuple[list, list, str | None]:
+    """One log's rows now (`new_*`) after its rows as last read: the new rows as they are
+    when they still hold every step read before; otherwise (the log was rotated or truncated)
+    the earlier rows up to where the new ones start, then the new ones, their `train_s`
+    continued from the last kept row's when it restarted below it. The third item says what
+    was seen (None: nothing was lost)."""
+    if not steps or (new_steps and new_steps[0]["step"] <= steps[0]["step"]
+                     and new_steps[-1]["step"] >= steps[-1]["step"]):
+        return new_steps, new_evals, None
+    if not new_steps:
+        what = f"hold no step, after {len(steps)} were read"
+        return steps, evals + [r for r in new_evals if r["step"] > steps[-1]["step"]], what
+    first = new_steps[0]["step"]
+    what = (f"start at step {first}, after steps {steps[0]['step']}..{steps[-1]['step']} "
+            "were read" if first > steps[0]["step"] else
+            f"end at step {new_steps[-1]['step']}, after steps up to {steps[-1]['step']} "
+            "were read")
+    if first <= steps[0]["step"]:  # truncated at its end: keep what was read past it
+        tail = [r for r in steps if r["step"] > new_steps[-1]["step"]]
+        tail_evals = [r for r in evals if r["step"] > new_steps[-1]["step"]]
+        return new_steps + tail, [r for r in new_evals if r["step"] <= new_steps[-1]["step"]] \
+            + tail_evals, what
+    kept = [r for r in steps if r["step"] < first]
+    last = kept[-1].get("train_s") if kept else None
+    t0 = new_steps[0].get("train_s")
+    offset = last if last is not None and t0 is not None and t0 < last else 0.0
+    return (kept + [_shift(r, offset) for r in new_steps],
+            [r for r in evals if r["step"] < first] + [_shift(r, offset) for r in new_evals],
+            what)
+
+
+def restarted(new_steps: list, resume_step: int | None) -> bool:
+    """Whether an attempt given a checkpoint (resume_step >= 0) started over instead: its
+    first logged step is not after the checkpoint's (it could not load it, or a wrapper
+    turned resuming off). Splicing its rows after the earlier ones would mix two runs and
+    count the redone steps' time twice."""
+    return bool(resume_step is not None and resume_step >= 0 and new_steps
+                and new_steps[0]["step"] <= resume_step)
 
 
 def join(steps: list, evals: list, new_steps: list, new_evals: list,

@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,6 +33,7 @@ from rlbatch.backends.builtin.runstate import RunState, open_run, run_recorded
 from rlbatch.backends.command.follow import TRAIN_S_SOURCE, Attempt, Follower, output_tail
 from rlbatch.core.config import Config
 from rlbatch.core.errors import ConfigError, UserError
+from rlbatch.core.launch import module_argv
 from rlbatch.core.runlog import atomic_write_json, atomic_write_text, dumps_strict, read_json
 
 Callback = Callable[[str, dict], None]
@@ -88,6 +88,7 @@ def check_command(cfg: Config) -> None:
                           f"{search} (or relative to {where})")
 
 
+ROWS_FILE = "rows.json"  # an ended attempt's rows (follow.py, Follower.freeze)
 TOKEN = "RLBATCH_COMMAND_TOKEN"  # in every process an attempt starts, whatever its group
 
 
@@ -105,6 +106,46 @@ def marked(token: str) -> list[int]:
     return [pid for pid in found if pid != os.getpid()]
 
 
+PR_SET_CHILD_SUBREAPER = 36
+_SUBREAPER: list[bool] = [False]
+
+
+def become_subreaper() -> None:
+    """Make this process the subreaper of what it starts (Linux PR_SET_CHILD_SUBREAPER): a
+    descendant of the command whose parent ends, one that daemonized with `setsid` and a
+    scrubbed environment included, becomes this process's child instead of init's, and
+    `adopted` finds it. Only for a process that is rlbatch's own (the CLI's `rlbatch train`):
+    inside another program it would adopt, and stop, that program's orphans."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1) == 0:
+            _SUBREAPER[0] = True
+
+
+def adopted(started: set[int]) -> list[int]:
+    """This process's children other than `started` (the ones it started itself): as a
+    subreaper, the orphaned descendants of its command. Empty unless `become_subreaper`
+    took effect."""
+    if not _SUBREAPER[0]:
+        return []
+    me, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and int(stat.parent.name) not in started:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _reap(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)
+
+
 def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -112,21 +153,38 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 
 def stop_attempt(proc: subprocess.Popen | None, token: str, grace_s: float) -> None:
-    """SIGTERM to the command's process group and to every process of the attempt, SIGKILL
-    to what is left after `grace_s`; `proc` (when it is this process's child) is reaped."""
+    """SIGTERM to the command's process group, to every process of the attempt (its token)
+    and to every descendant this process adopted as a subreaper, SIGKILL to what is left
+    after `grace_s`; `proc` (when it is this process's child) and the adopted are reaped."""
+    started = set() if proc is None else {proc.pid}
     if proc is not None and proc.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM)
-    _signal_all(marked(token), signal.SIGTERM)
+    _signal_all(marked(token) + adopted(started), signal.SIGTERM)
+
+    def live_adopted() -> list[int]:  # an adopted zombie has ended: it is only reaped
+        return [p for p in adopted(started) if not _gone(p)]
+
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (marked(token) or (proc and proc.poll() is None)):
+    while time.monotonic() < deadline and (marked(token) or live_adopted()
+                                           or (proc and proc.poll() is None)):
         time.sleep(0.1)
     if proc is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-    _signal_all(marked(token), signal.SIGKILL)
+    left = adopted(started)
+    _signal_all(marked(token) + left, signal.SIGKILL)
+    _reap(left)
     if proc is not None:
         proc.wait()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
 
 
 class CommandRun:
@@ -222,8 +280,7 @@ class CommandRun:
             # its own process group (stopped as a whole), dying with this process
             # (exec_child.py)
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rlbatch.backends.command.exec_child", str(os.getpid()),
-                 *ln.argv], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                module_argv("rlbatch.backends.command.exec_child", str(os.getpid()), *ln.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=c.workdir, env=env, start_new_session=True)
         info = {"number": len(earlier) + 1, "argv": ln.argv, "env": {**c.env, **ln.env},
                 "log": str(ln.log), "shared": ln.shared, "resume_step": ln.resume_step,
@@ -231,7 +288,8 @@ class CommandRun:
                 "settings": ln.settings, "pid": self.proc.pid, "token": self.token,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         atomic_write_text(folder / "attempt.json", dumps_strict(info, indent=2) + "\n")
-        return [Attempt(a["number"], Path(a["log"]), a["shared"], a["resume_step"])
+        return [Attempt(a["number"], Path(a["log"]), a["shared"], a["resume_step"],
+                        self.home / "attempts" / f"{a['number']:03d}" / ROWS_FILE)
                 for a in [*earlier, info]]
 
     def _attempts(self) -> list[dict]:
@@ -299,6 +357,12 @@ class CommandRun:
             raise self._failed("exited 0 without logging a training step")
         if st.status == "running":  # it ended by its own rule (an epoch limit, say)
             st.c.status = "target_reached" if st.c.target else "budget_exhausted"
+            budget = self.cfg.budget.max_samples
+            if st.c.samples < budget:  # censored where it ended, and said to be short
+                st.c.stop_reason = (
+                    f"ended_short: the command exited 0 after {st.c.samples:,} of "
+                    f"budget.max_samples {budget:,} samples (its own step or epoch limit, "
+                    "or a log that lost its last rows)")
 
     def _failed(self, why: str) -> CommandFailed:
         """The one-line failure: the program, why, how far it got, its output's tail."""
@@ -321,5 +385,9 @@ class CommandRun:
             "log_read_cpu_s": f.cpu_s, "warnings": f.warnings[:20]}}
 
     def _close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        """Stop what is left of the attempt: the command if it still runs, and whatever it
+        left behind after it exited (its group, its token, descendants adopted here)."""
+        if self.proc is not None:
             stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
+        if self.attempts:  # its rows as they ended, for the re-run that resumes it
+            self.follower.freeze(self.attempts[-1])
