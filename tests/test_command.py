@@ -14,6 +14,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ import yaml
 
 from helpers.cli import run_cli
 from helpers.procs import alive
+from rlbatch.backends.command import run as command_run
 from rlbatch.backends.command.follow import Attempt, Follower, join, output_tail
 from rlbatch.core.ownership import disown
 from rlbatch.core.runlog import STOP_FILE, read_json, read_jsonl
@@ -351,6 +354,120 @@ def test_a_deleted_log_keeps_its_rows_and_the_run_says_it_ended_short(tmp_path, 
     assert summary["status"] == "budget_exhausted" and summary["stop_reason"].startswith(
         "ended_short: the command exited 0 after 96 of budget.max_samples 640 samples")
     assert any("hold no step, after 3 were read" in w for w in summary["command"]["warnings"])
+
+
+def test_a_command_whose_loss_turns_non_finite_is_diverged_not_slow(tmp_path, capsys):
+    """The stand-in logs its loss and gradient norm as NaN from step 6 (a diverged update):
+    the converter stores them as null ("measured, not finite"), and the run used to go on to
+    its budget as a run that was merely slow to cross. Now, after nonfinite.max_consecutive
+    (3) such steps in a row, the run is `diverged`, its command is stopped, `rlbatch train`
+    exits 3 with one line that says which values and from which step, and a warning names the
+    first such step."""
+    code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.2,
+                                             LOG_WRITER_NAN_FROM=6)], capsys)
+    lines = [x for x in err.strip().splitlines() if not x.startswith("stand-in: ")]
+    assert code == 3 and len(lines) == 1, err
+    assert re.fullmatch(r"error: the run diverged: the command logged non-finite actor/loss, "
+                        r"actor/grad_norm at \d+ consecutive steps \(6\.\.\d+; "
+                        r"nonfinite\.max_consecutive 3\)", lines[0]), lines[0]
+    summary = read_json(_run_dir(tmp_path) / "summary.json")
+    assert summary["status"] == "diverged" and summary["stop_reason"] == lines[0][len(
+        "error: the run "):]
+    assert 8 <= summary["steps"] < 20  # stopped once diverged, not run to its budget
+    assert "step 6: the command logged actor/loss, actor/grad_norm non-finite (NaN or inf)" \
+        in summary["command"]["warnings"]
+
+
+def test_a_target_metric_that_stops_being_logged_fails_the_run_in_one_line(tmp_path, capsys):
+    """The stand-in renames its validation metric from step 8 on, before the target (0.9) is
+    crossed: the run used to go on, never crossing, and a profile stopped it `no_crossing` as
+    if it were slow. Now the third evaluation without the target metric fails the run with
+    one line naming the metric, the last step that had it and what the evaluations log."""
+    code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
+                                             LOG_WRITER_RENAME_AT=8)], capsys)
+    lines = [x for x in err.strip().splitlines() if not x.startswith("stand-in: ")]
+    assert code == 2 and len(lines) == 1, err
+    assert re.search(r"stopped logging the target metric eval/x/reward/mean@1 "
+                     r"\(target\.metric\): the last at step 6, none in the \d+ evaluations "
+                     r"since \(steps 8\.\.\d+; they log eval/x/score@1\)", lines[0]), lines[0]
+    summary = read_json(_run_dir(tmp_path) / "summary.json")
+    assert summary["status"] == "failed" and summary["steps"] < 20
+
+
+def test_non_finite_steps_and_a_lost_target_are_read_from_the_rows():
+    from rlbatch.backends.command.run import nonfinite_evals, nonfinite_steps, target_lost
+
+    def step(n, **kw):
+        return {"step": n, "actor/loss": 0.1, "actor/grad_norm": 1.0, **kw}
+
+    steps = [step(1), step(2, **{"actor/loss": None}), step(3), step(4, **{"reward/mean": None}),
+             step(5, **{"actor/grad_norm": None}), step(6, **{"actor/grad_norm": None})]
+    d = nonfinite_steps(steps)
+    assert (d.total, d.run, d.run_from, d.keys) == (4, 3, 4, ("actor/grad_norm", "reward/mean"))
+    assert (d.first, d.first_keys) == (2, ("actor/loss",))
+    assert nonfinite_steps([step(1), {"step": 2}]).total == 0  # a key not logged is not null
+    m = "eval/acc"
+    evals = [{"step": 0, m: 0.1}, {"step": 2, m: None}, {"step": 4, "eval/other": 1.0},
+             {"step": 6, "eval/other": 1.0}]
+    assert nonfinite_evals(evals, m) == [2]
+    assert target_lost(evals, m) is None  # two without it: not yet
+    assert target_lost([*evals, {"step": 8}], m) == (
+        "stopped logging the target metric eval/acc (target.metric): the last at step 2, none "
+        "in the 3 evaluations since (steps 4..8; they log eval/other)")
+    assert target_lost(evals[2:] + [{"step": 8}], m).startswith(
+        "logged no target metric eval/acc (target.metric) in its 3 evaluations (steps 4..8")
+
+
+def test_a_chatty_commands_output_is_kept_under_its_cap(tmp_path, capsys, monkeypatch):
+    """The stand-in prints 20 kB per step (400 kB in all) against a cap set to 50 kB here
+    (64 MiB by default): output.log is cut back to its head each time it passes the cap, with
+    a line saying how much was cut, so it ends under the cap and one step's output; its head
+    is kept, and the bytes cut are counted in the summary."""
+    monkeypatch.setattr(command_run, "OUTPUT_CAP", 50_000, raising=False)
+    monkeypatch.setattr(command_run, "OUTPUT_HEAD", 10_000, raising=False)
+    code, out, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.05,
+                                               LOG_WRITER_OUTPUT_BYTES=20_000), "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    output = Path(summary["command"]["output"]).read_bytes()
+    assert len(output) <= 50_000 + 20_000, len(output)  # uncapped: 400 kB
+    assert output.count(b"bytes of output cut here") >= 1
+    assert output.startswith(b"stand-in trainer: steps 1..20")  # its head is kept
+    dropped = summary["command"]["output_dropped_bytes"]
+    assert dropped > 0 and len(output) + dropped >= 20 * 20_000  # nothing unaccounted for
+
+
+def test_a_checkpoint_that_fails_every_resume_is_named_not_retried_forever(tmp_path, capsys):
+    """Attempt 1 crashes at step 6 after checkpointing step 4; the checkpoint then cannot be
+    loaded. Attempts 2 and 3 (each `--resume`) exit 1 before logging a step; it used to be
+    retried at every re-run. The fourth re-run is refused before anything starts, in one
+    line naming the checkpoint and what to do, exit 2, and no attempt folder is made."""
+    once, corrupt = tmp_path / "crashed", tmp_path / "corrupt"
+    config = _config(tmp_path, LOG_WRITER_CRASH_AT=6, LOG_WRITER_CRASH_ONCE=once,
+                     LOG_WRITER_CORRUPT_CKPT=corrupt)
+    code, _, err = run_cli(["train", config], capsys)
+    assert code == 2 and "crash at step 6" in err
+    corrupt.write_text("")
+    for _ in range(2):
+        code, _, err = run_cli(["train", config, "--resume"], capsys)
+        assert code == 2 and "exited with status 1 after 4 logged step(s)" in err \
+            and "cannot load" in err, err
+    code, _, err = run_cli(["train", config, "--resume"], capsys)
+    lines = [x for x in err.strip().splitlines() if not x.startswith("stand-in: ")]
+    run = _run_dir(tmp_path)
+    ckpt = run / "command" / "verl-checkpoints" / "global_step_4"
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].endswith(
+        f"attempts 2 and 3 were each given the checkpoint {ckpt} (step 4) and exited with an "
+        "error (status 1, 1) before logging a step after it: the checkpoint may be "
+        "unreadable; remove it so that the next attempt does not resume from it, or start "
+        "the run over with --fresh"), lines[0]
+    assert sorted(p.name for p in (run / "command" / "attempts").iterdir()) == \
+        ["001", "002", "003"]
+    # removed, the run starts over (verl's auto resume finds no checkpoint) and finishes
+    shutil.rmtree(run / "command" / "verl-checkpoints")
+    code, out, err = run_cli(["train", config, "--resume", "--json"], capsys)
+    assert code == 0 and json.loads(out.splitlines()[-1])["samples"] == 640, err
 
 
 def test_continue_rows_keeps_what_a_shorter_log_lost():

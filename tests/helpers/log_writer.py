@@ -26,6 +26,13 @@ Behaviour from the environment:
 - LOG_WRITER_ROTATE_AT: before this step, move the log to `<log>.1` and start a new one;
 - LOG_WRITER_TRUNCATE_AT: before this step, truncate the log to nothing and write on;
 - LOG_WRITER_DELETE_AT: before this step, delete the log and write on into the deleted file;
+- LOG_WRITER_NAN_FROM: from this step on, log the loss and gradient norm as NaN (verl's
+  file logger writes Python's json, which spells them `NaN`), as a diverged update does;
+- LOG_WRITER_RENAME_AT: from this step on, log validation under another name
+  (`val-core/x/reward/mean@1` becomes `val-core/x/score@1`), as a renamed reward does;
+- LOG_WRITER_CORRUPT_CKPT: a file; when it exists, resuming from a checkpoint fails at
+  load (exit status 1, before any step is logged), as an unreadable checkpoint does;
+- LOG_WRITER_OUTPUT_BYTES: print this many bytes of output per step (a chatty trainer);
 - LOG_WRITER_DAEMON: leave a daemon behind (LOG_WRITER_PIDS/daemon.pid): it forks away from
   a helper that exits, calls `setsid` and has an empty environment, so it is neither in the
   command's process group nor marked with its token.
@@ -89,11 +96,17 @@ def main(argv: list[str]) -> int:
     restart_if = os.environ.get("LOG_WRITER_RESTART_IF")
     if restart_if and Path(restart_if).exists():
         start = 0
+    corrupt = os.environ.get("LOG_WRITER_CORRUPT_CKPT")
+    if start and corrupt and Path(corrupt).exists():
+        raise RuntimeError(f"stand-in trainer: cannot load {ckpt / f'global_step_{start}'}")
     path = os.environ["VERL_FILE_LOGGER_PATH"]
     log = open(path, "wb", buffering=0)  # noqa: SIM115
     rotate_at = int(os.environ.get("LOG_WRITER_ROTATE_AT", "0"))
     truncate_at = int(os.environ.get("LOG_WRITER_TRUNCATE_AT", "0"))
     delete_at = int(os.environ.get("LOG_WRITER_DELETE_AT", "0"))
+    nan_from = int(os.environ.get("LOG_WRITER_NAN_FROM", "0"))
+    rename_at = int(os.environ.get("LOG_WRITER_RENAME_AT", "0"))
+    chatter = int(os.environ.get("LOG_WRITER_OUTPUT_BYTES", "0"))
 
     def write(step: int, data: dict) -> None:
         log.write((json.dumps({"step": step, "data": data}) + "\n").encode())
@@ -128,9 +141,15 @@ def main(argv: list[str]) -> int:
         data = {"timing_s/step": step_s, "timing_s/gen": step_s / 2,
                 "response_length/mean": 5.0, "critic/score/mean": step / total,
                 "actor/lr": 1e-4, "actor/pg_loss": 0.0, "actor/grad_norm": 1.0}
+        if nan_from and step >= nan_from:
+            data["actor/pg_loss"] = data["actor/grad_norm"] = float("nan")
         if step % test_freq == 0:
-            data["val-core/x/reward/mean@1"] = step / total
+            renamed = rename_at and step >= rename_at
+            data["val-core/x/score@1" if renamed else "val-core/x/reward/mean@1"] = step / total
         write(step, data)
+        if chatter:
+            sys.stdout.write(("." * 99 + "\n") * (chatter // 100))
+            sys.stdout.flush()
         if step % save_freq == 0:
             (ckpt / f"global_step_{step}").mkdir(parents=True, exist_ok=True)
             (ckpt / "latest_checkpointed_iteration.txt").write_text(str(step))

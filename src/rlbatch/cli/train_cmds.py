@@ -102,7 +102,9 @@ def _exit_for(summary: dict) -> None:
     if status in ("target_reached", "budget_exhausted", "stopped"):
         return
     if status == "diverged":
-        print(f"error: the run diverged ({summary.get('nonfinite_skipped')} non-finite "
+        reason = summary.get("stop_reason") or ""
+        print(f"error: the run {reason}" if reason.startswith("diverged: ") else
+              f"error: the run diverged ({summary.get('nonfinite_skipped')} non-finite "
               "updates skipped; nonfinite.max_consecutive reached)", file=sys.stderr)
         raise typer.Exit(EXIT_DIVERGED)
     print(f"error: the run ended {status}: {summary.get('failure') or 'no reason recorded'}",

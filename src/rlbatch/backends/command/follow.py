@@ -140,11 +140,12 @@ class Follower:
         self._rows = (steps, evals)
         return steps, evals, True
 
-    def freeze(self, a: Attempt) -> None:
+    def freeze(self, a: Attempt, exit_status: int | None = None) -> None:
         """Keep the rows of an attempt that has ended in its `rows_file`, read once more
         from its log, or as last read when the log no longer converts (a bad line after
-        them): a later re-run joins those instead of converting the log again, so a log
-        that failed its run does not fail every resume of it."""
+        them), with the command's exit status: a later re-run joins those instead of
+        converting the log again, so a log that failed its run does not fail every resume
+        of it."""
         if a.shared or a.rows_file is None:
             return
         try:
@@ -152,8 +153,8 @@ class Follower:
         except DataError:
             rows = self._seen.get(a.log)
         if rows is not None:
-            atomic_write_json(a.rows_file, {"log": str(a.log), "steps": rows[0],
-                                            "evals": rows[1]})
+            atomic_write_json(a.rows_file, {"log": str(a.log), "exit_status": exit_status,
+                                            "steps": rows[0], "evals": rows[1]})
 
     def _frozen(self, a: Attempt) -> tuple[list, list] | None:
         if a.rows_file is None or not a.rows_file.is_file():

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlbatch.backends.builtin.counters import Counters
@@ -179,6 +179,128 @@ def stop_attempt(proc: subprocess.Popen | None, token: str, grace_s: float) -> N
         proc.wait()
 
 
+# attempts in a row that may fail on one checkpoint before the next is refused
+CHECKPOINT_TRIES = 2
+
+
+def bad_checkpoint(earlier: list[dict], resume, attempts_dir: Path) -> str | None:
+    """Why the next attempt is refused, or None: the last CHECKPOINT_TRIES attempts were
+    each given the checkpoint it would be given (`resume`), and each exited with an error
+    status (not a signal) before logging a step after it, so the checkpoint itself is the
+    likely fault and another attempt would fail the same way."""
+    if resume is None:
+        return None
+    failed = []
+    for info in reversed(earlier):
+        if info.get("resume_from") != str(resume.path):
+            break
+        rows_file = attempts_dir / f"{info['number']:03d}" / ROWS_FILE
+        doc = read_json(rows_file) if rows_file.is_file() else {}
+        status = doc.get("exit_status")
+        if not isinstance(status, int) or not 0 < status < 128 \
+                or any(r.get("step", 0) > resume.step for r in doc.get("steps", [])):
+            break
+        failed.append((info["number"], status))
+    if len(failed) < CHECKPOINT_TRIES:
+        return None
+    numbers = " and ".join(str(n) for n, _ in reversed(failed))
+    return (f"attempts {numbers} were each given the checkpoint {resume.path} (step "
+            f"{resume.step}) and exited with an error (status "
+            f"{', '.join(str(st) for _, st in reversed(failed))}) before logging a step after "
+            "it: the checkpoint may be unreadable; remove it so that the next attempt does "
+            "not resume from it, or start the run over with --fresh")
+
+
+OUTPUT_CAP = 64 << 20  # bytes of an attempt's output.log before it is cut back
+OUTPUT_HEAD = 1 << 20  # bytes of its start kept when it is
+
+
+def cap_output(path: Path) -> int:
+    """Keep an attempt's output.log under OUTPUT_CAP bytes: past it, the file is cut back to
+    its first OUTPUT_HEAD bytes and a line saying how much was cut; the command appends
+    after that (its output was opened for appending), so the newest output, which a
+    failure's message quotes, is always at the end. Returns the bytes cut."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return 0
+    if size <= OUTPUT_CAP:
+        return 0
+    with open(path, "r+b") as f:
+        f.truncate(OUTPUT_HEAD)
+    with open(path, "ab") as f:
+        f.write(f"\n[rlbatch: {size - OUTPUT_HEAD:,} bytes of output cut here: output.log "
+                f"is kept under {OUTPUT_CAP:,} bytes]\n".encode())
+    return size - OUTPUT_HEAD
+
+
+# step keys whose non-finite value (a converter's null: "measured, not finite") means the
+# update diverged (docs/metrics.md)
+DIVERGENCE_KEYS = ("actor/loss", "actor/grad_norm", "critic/loss", "critic/grad_norm",
+                   "reward/mean")
+# evaluations in a row without the target metric, after one that had it (or from the first),
+# before the run fails as no longer measured
+TARGET_LOST_AFTER = 3
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Steps whose divergence keys were logged non-finite: `total` of them, the trailing
+    `run` of consecutive ones (from step `run_from`, with the `keys` they had), and the first
+    such step with its keys."""
+
+    total: int = 0
+    run: int = 0
+    run_from: int | None = None
+    keys: tuple = ()
+    first: int | None = None
+    first_keys: tuple = ()
+
+
+def nonfinite_steps(steps: list) -> NonFinite:
+    total = run = 0
+    run_from = first = None
+    keys: set = set()
+    first_keys: tuple = ()
+    for r in steps:
+        bad = tuple(k for k in DIVERGENCE_KEYS if k in r and r[k] is None)
+        if not bad:
+            run, run_from, keys = 0, None, set()
+            continue
+        total += 1
+        if first is None:
+            first, first_keys = r["step"], bad
+        if run == 0:
+            run_from = r["step"]
+        run += 1
+        keys.update(bad)
+    return NonFinite(total, run, run_from, tuple(k for k in DIVERGENCE_KEYS if k in keys),
+                     first, first_keys)
+
+
+def nonfinite_evals(evals: list, metric: str) -> list[int]:
+    """Steps of the evaluations that logged the target metric non-finite (null)."""
+    return [r["step"] for r in evals if metric in r and r[metric] is None]
+
+
+def target_lost(evals: list, metric: str) -> str | None:
+    """Why the run can no longer be judged, or None: the last TARGET_LOST_AFTER evaluations
+    lack the target metric (renamed, or never logged under that name), so a crossing can no
+    longer be seen and the run would read as one that did not cross."""
+    had = [i for i, r in enumerate(evals) if metric in r]
+    since = evals[had[-1] + 1:] if had else evals
+    if len(since) < TARGET_LOST_AFTER:
+        return None
+    keys = sorted({k for r in since for k in r if k.startswith("eval/")})[:6]
+    logs = f"they log {', '.join(keys)}" if keys else "they log no eval/ key"
+    if had:
+        return (f"stopped logging the target metric {metric} (target.metric): the last at "
+                f"step {evals[had[-1]]['step']}, none in the {len(since)} evaluations since "
+                f"(steps {since[0]['step']}..{since[-1]['step']}; {logs})")
+    return (f"logged no target metric {metric} (target.metric) in its {len(since)} "
+            f"evaluations (steps {since[0]['step']}..{since[-1]['step']}; {logs})")
+
+
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -212,6 +334,7 @@ class CommandRun:
         self._written: tuple[list, list] = ([], [])
         self.attempts: list[Attempt] = []
         self.output = self.home / "output.log"
+        self.output_dropped = 0  # bytes of the command's output cut (cap_output)
 
     def run(self) -> dict:
         return run_recorded(self.state, self._run, self._close)
@@ -224,6 +347,7 @@ class CommandRun:
         quiet_since = next_read = time.monotonic()
         while True:
             if time.monotonic() >= next_read:
+                self.output_dropped += cap_output(self.output)
                 if self._follow():
                     quiet_since = time.monotonic()
                 # a long log costs more to read: at most READ_SHARE of one core goes to it
@@ -268,6 +392,9 @@ class CommandRun:
         folder = self.home / "attempts" / f"{len(earlier) + 1:03d}"
         folder.mkdir(parents=True, exist_ok=True)
         ln = launch(self.spec, list(c.argv), folder, self.home)
+        if (why := bad_checkpoint(earlier, ln.resume, self.home / "attempts")) is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise CommandFailed(why, where="command")
         # TRL logs optimizer steps: K of them make one rollout step
         self.follower.options = replace(self.follower.options,
                                         updates_per_step=ln.updates_per_step)
@@ -309,6 +436,9 @@ class CommandRun:
         if changed:
             self._write(steps, evals)
             self._count(steps, evals)
+            if (why := target_lost(evals, self.cfg.target.metric)) is not None:
+                stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
+                raise self._failed(why)
         self.state.update_status()
         return changed
 
@@ -345,12 +475,33 @@ class CommandRun:
             st.c.first_step_s = steps[0].get("train_s")
         for row in evals:
             st.record_eval(row, 0.0)
+        div = nonfinite_steps(steps)
+        st.c.nonfinite_total, st.c.nonfinite_run = div.total, div.run
+        limit = self.cfg.nonfinite.max_consecutive
+        if div.total:
+            self._warn(f"step {div.first}: the command logged {', '.join(div.first_keys)} "
+                       "non-finite (NaN or inf)")
+        if div.run >= limit:
+            st.c.stop_reason = (
+                f"diverged: the command logged non-finite {', '.join(div.keys)} at "
+                f"{div.run} consecutive steps ({div.run_from}..{steps[-1]['step']}; "
+                f"nonfinite.max_consecutive {limit})")
+        for step in nonfinite_evals(evals, self.cfg.target.metric):
+            self._warn(f"the evaluation at step {step} logged {self.cfg.target.metric} "
+                       "non-finite (NaN or inf): not a value, so not a crossing")
         self._set_extra()
         st.write_summary()
+
+    def _warn(self, text: str) -> None:
+        if text not in self.follower.warnings:
+            self.follower.warnings.append(text)
 
     # ---- the end ----
     def _ended(self, code: int) -> None:
         st = self.state
+        st.update_status()
+        if st.status == "diverged":  # it logged its divergence, then stopped on it
+            return
         if code != 0:
             raise self._failed(f"exited with status {code}")
         if not self._written[0]:
@@ -381,7 +532,8 @@ class CommandRun:
             "framework": self.cfg.command.framework, "attempts": len(self.attempts),
             "exit_status": None if self.proc is None else self.proc.returncode,
             "train_s_source": TRAIN_S_SOURCE[self.cfg.command.framework],
-            "output": str(self.output), "log_reads": f.conversions,
+            "output": str(self.output), "output_dropped_bytes": self.output_dropped,
+            "log_reads": f.conversions,
             "log_read_cpu_s": f.cpu_s, "warnings": f.warnings[:20]}}
 
     def _close(self) -> None:
@@ -390,4 +542,5 @@ class CommandRun:
         if self.proc is not None:
             stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
         if self.attempts:  # its rows as they ended, for the re-run that resumes it
-            self.follower.freeze(self.attempts[-1])
+            self.follower.freeze(self.attempts[-1], None if self.proc is None
+                                 else self.proc.returncode)
