@@ -11,6 +11,7 @@ checked in tests/test_framework_keys.py.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -28,7 +29,13 @@ import yaml
 from helpers.cli import run_cli
 from helpers.procs import alive
 from rlbatch.backends.command import run as command_run
-from rlbatch.backends.command.follow import Attempt, Follower, join, output_tail
+from rlbatch.backends.command.follow import (
+    Attempt,
+    Follower,
+    continue_rows,
+    join,
+    output_tail,
+)
 from rlbatch.core.ownership import disown
 from rlbatch.core.runlog import STOP_FILE, read_json, read_jsonl
 from rlbatch.interop.ingest import IngestOptions, convert
@@ -149,6 +156,27 @@ def test_a_resumed_attempt_replaces_rows_after_its_checkpoint_and_continues_the_
     assert join(first, evals, _rows([1]), [], -1)[0] == _rows([1])
     assert [r["step"] for r in join(first, evals, _rows([5, 6]), [], None)[0]] == \
         [1, 2, 3, 4, 5, 6]
+
+
+def test_cumulative_tokens_continue_across_a_resume_and_a_rotated_log():
+    """A converter counts tokens from the start of the log it reads: a resumed attempt's
+    rows (and a rotated log's) count from 0 again. Joined, they continue from the kept rows'
+    count; rows that already continue it are left alone; where the kept rows have no count,
+    the new rows' restarting one is dropped rather than mixed in."""
+    def rows(steps, per=10, start=0):
+        return [{"step": s, "samples": 8 * s, "train_s": float(i + 1), "tokens": start + per * (i + 1)}
+                for i, s in enumerate(steps)]
+
+    first = rows([1, 2, 3, 4, 5])
+    steps, _ = join(first, [], rows([4, 5, 6]), [], 3)
+    assert [r["tokens"] for r in steps] == [10, 20, 30, 40, 50, 60]
+    steps, _ = join(first, [], rows([4, 5, 6], start=30), [], 3)  # a count that continues
+    assert [r["tokens"] for r in steps] == [10, 20, 30, 40, 50, 60]
+    bare = [{k: v for k, v in r.items() if k != "tokens"} for r in first]
+    steps, _ = join(bare, [], rows([4, 5, 6]), [], 3)
+    assert all("tokens" not in r for r in steps)
+    steps, _, lost = continue_rows(first, [], rows([6, 7]), [])  # rotated before step 6
+    assert lost and [r["tokens"] for r in steps] == [10, 20, 30, 40, 50, 60, 70]
 
 
 def test_following_a_growing_log_converts_only_when_it_changes(tmp_path):
@@ -611,7 +639,11 @@ def test_a_daemon_the_command_left_behind_ends_with_the_run(tmp_path):
     assert proc.returncode == 0, err
     assert json.loads(out.splitlines()[-1])["status"] == "target_reached"
     daemon = int((pids / "daemon.pid").read_text())
-    _wait_for(lambda: not alive(daemon), timeout=10)
+    try:
+        _wait_for(lambda: not alive(daemon), timeout=10)
+    finally:  # where the run did not stop it, the test does
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGKILL)
 
 
 def test_sigterm_is_written_down_and_resume_continues_from_the_checkpoint(tmp_path):
@@ -633,6 +665,9 @@ def test_sigterm_is_written_down_and_resume_continues_from_the_checkpoint(tmp_pa
     steps = read_jsonl(run / "steps.jsonl")[0]
     assert [r["step"] for r in steps] == list(range(1, 21))
     assert steps[:4] == kept  # the first attempt's rows up to its checkpoint, unchanged
+    # 5 tokens x 32 sequences a step, counted on across the resume (the second attempt's
+    # converter counts from its own first step)
+    assert [r["tokens"] for r in steps] == [160 * s for s in range(1, 21)]
     t = [r["train_s"] for r in steps]
     assert all(b > a for a, b in itertools.pairwise(t)) and t[4] == pytest.approx(t[3] + 0.3)
     second = json.loads((run / "command" / "attempts" / "002" / "attempt.json").read_text())

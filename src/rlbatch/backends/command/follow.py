@@ -220,9 +220,10 @@ def continue_rows(steps: list, evals: list, new_steps: list, new_evals: list
     last = kept[-1].get("train_s") if kept else None
     t0 = new_steps[0].get("train_s")
     offset = last if last is not None and t0 is not None and t0 < last else 0.0
-    return (kept + [_shift(r, offset) for r in new_steps],
-            [r for r in evals if r["step"] < first] + [_shift(r, offset) for r in new_evals],
-            what)
+    tokens = _token_offset(kept, new_steps)
+    return (kept + [_shift(r, offset, tokens) for r in new_steps],
+            [r for r in evals if r["step"] < first]
+            + [_shift(r, offset, tokens) for r in new_evals], what)
 
 
 def restarted(new_steps: list, resume_step: int | None) -> bool:
@@ -246,16 +247,39 @@ def join(steps: list, evals: list, new_steps: list, new_evals: list,
         resume_step = new_steps[0]["step"] - 1
     kept = [r for r in steps if r["step"] <= resume_step]
     offset = kept[-1]["train_s"] if kept else 0.0
-    out_steps = kept + [_shift(r, offset) for r in new_steps if r["step"] > resume_step]
+    later = [r for r in new_steps if r["step"] > resume_step]
+    tokens = _token_offset(kept, later)
+    out_steps = kept + [_shift(r, offset, tokens) for r in later]
     out_evals = [r for r in evals if r["step"] <= resume_step] + \
-        [_shift(r, offset) for r in new_evals if r["step"] > resume_step]
+        [_shift(r, offset, tokens) for r in new_evals if r["step"] > resume_step]
     return out_steps, out_evals
 
 
-def _shift(row: dict, offset: float) -> dict:
-    if not offset or row.get("train_s") is None:
-        return row
-    return {**row, "train_s": row["train_s"] + offset}
+def _token_offset(kept: list, new_steps: list) -> int | None:
+    """What the new rows' cumulative `tokens` continue from: a converter counts tokens from
+    the start of the log it reads, so a resumed attempt's (or a rotated log's) count starts
+    again near 0. The last kept row's count where the new rows restart below it; 0 where
+    nothing is kept or the new rows already continue it; None (the new rows' counts are
+    dropped, not left restarting) where the kept rows have none."""
+    if not kept or not new_steps or new_steps[0].get("tokens") is None:
+        return 0
+    last = kept[-1].get("tokens")
+    if last is None:
+        return None
+    return last if new_steps[0]["tokens"] <= last else 0
+
+
+def _shift(row: dict, offset: float, tokens: int | None = 0) -> dict:
+    out = row
+    if offset and row.get("train_s") is not None:
+        out = {**out, "train_s": row["train_s"] + offset}
+    if "tokens" in row and row["tokens"] is not None and tokens != 0:
+        out = {**out}
+        if tokens is None:
+            del out["tokens"]
+        else:
+            out["tokens"] = row["tokens"] + tokens
+    return out
 
 
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b"
