@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from rlbatch.analysis import invariance, noise, selection, stats
+from rlbatch.analysis.labels import confidence
 
 
 def run(n=None, t=None, q=1.0, last=None, last_t=None):
@@ -365,6 +366,30 @@ def test_seeds_for_power_is_the_smallest_that_resolves_the_effect():
     se = sd * math.sqrt(2 / 4)  # 4 seeds per side, df 6: the smallest resolved log ratio
     assert seedstats.detectable_log_ratio(se, 6) == pytest.approx(
         se * (student_t.ppf(0.95, 6) + student_t.ppf(0.8, 6)))
+
+
+def test_the_family_confidence_is_holm_adjusted_and_agrees_with_the_decision():
+    """`p_faster` is 1 - the one-sided p-value of one comparison; allowing for the m
+    candidates of the family it is 1 - the Holm-adjusted p-value (step-down, monotone), and
+    a candidate is shown faster exactly when that is at least 1 - alpha. A candidate at
+    0.97 on its own among 3 reads 0.91 allowing for them: not recommended, and the printed
+    words say why rather than contradicting the decision."""
+    a = _entry("a", "aligned", 6.0, [0.5, 0.8], p=0.97)
+    b = _entry("b", "aligned", 7.0, [0.5, 0.9], p=0.96, b=512)
+    u = _entry("u", "unconfirmed", 5.0, None, seeds=1)  # counted in m, not adjusted
+    conf = selection.family_confidence([REF, a, b, u], REF)
+    assert conf == pytest.approx({"a": 1 - 3 * 0.03, "b": 1 - 3 * 0.03})  # monotone: max
+    assert selection.shown_faster([REF, a, b, u], REF) == []
+    strong = _entry("s", "aligned", 6.0, [0.5, 0.8], p=0.99)
+    conf = selection.family_confidence([REF, strong, b, u], REF)
+    assert conf == pytest.approx({"s": 1 - 3 * 0.01, "b": 1 - 2 * 0.04})
+    assert [e["config"] for e in selection.shown_faster([REF, strong, b, u], REF)] == ["s"]
+    for c, e in (("s", strong), ("b", b)):  # shown faster exactly at >= 1 - alpha
+        assert (conf[c] >= 0.95) == (e in selection.shown_faster([REF, strong, b, u], REF))
+    vs = {**a["vs_reference"], "p_faster_family": 0.91, "family_size": 3}
+    assert confidence(vs) == "confidence faster 0.97 (0.91 allowing for 3 candidates)"
+    assert confidence({**vs, "family_size": 1}) == "confidence faster 0.97"
+    assert confidence({}) == ""
 
 
 def test_a_candidate_that_never_crossed_is_never_shown_faster():

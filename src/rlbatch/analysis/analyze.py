@@ -263,6 +263,12 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
 
 def _recommend(entries: list[dict], ref_id: str, statistic: str, alpha: float,
                ci: float) -> dict | None:
+    ref = next(e for e in entries if e["config"] == ref_id)
+    adjusted = selection.family_confidence(entries, ref)
+    for e in entries:
+        if e is not ref and e.get("vs_reference"):
+            e["vs_reference"]["p_faster_family"] = adjusted.get(e["config"])
+            e["vs_reference"]["family_size"] = len(selection.family(entries, ref)) - 1
     rec = selection.recommend(entries, ref_id, alpha, ci)
     if rec is not None:
         rec["statistic"] = STATISTICS[statistic]

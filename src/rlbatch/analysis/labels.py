@@ -87,3 +87,14 @@ def _short_schedule(text: str) -> str:
     if text.startswith("steps "):
         return "B" + ">".join(part.split("@")[0] for part in text[6:].split(","))
     return "B adapt " + text.split(" ", 1)[1].replace(" to ", "<=")
+
+
+def confidence(vs: dict) -> str:
+    """`confidence faster 0.97 (0.91 allowing for 3 candidates)`: 1 - the one-sided p-value,
+    and 1 - the Holm-adjusted one where the family has more than one candidate (a candidate
+    is shown faster exactly when the latter is at least 1 - alpha); "" without one."""
+    p, fam, m = vs.get("p_faster"), vs.get("p_faster_family"), vs.get("family_size") or 1
+    if p is None:
+        return ""
+    return f"confidence faster {p:.2f}" + (
+        f" ({fam:.2f} allowing for {m} candidates)" if fam is not None and m > 1 else "")

@@ -120,6 +120,22 @@ def shown_faster(entries: list[dict], ref: dict, alpha: float = DEFAULT_ALPHA) -
     return out
 
 
+def family_confidence(entries: list[dict], ref: dict) -> dict[str, float]:
+    """Per eligible family candidate, 1 - its Holm-adjusted one-sided p-value over the m
+    candidates of the family (the ones `shown_faster` counts): the confidence that it is
+    faster allowing for the other candidates compared. `shown_faster` holds exactly the
+    candidates whose value is at least 1 - alpha. Like `p_faster` (1 - the unadjusted
+    p-value), a confidence, not the probability that the candidate is faster."""
+    m = len([e for e in family(entries, ref) if e is not ref])
+    pool = sorted((e for e in family(entries, ref) if e is not ref and eligible(e)),
+                  key=lambda e: (1.0 - _p_faster(e), e["config"]))
+    out, worst = {}, 0.0
+    for i, e in enumerate(pool):
+        worst = max(worst, min(1.0, (m - i) * (1.0 - _p_faster(e))))
+        out[e["config"]] = 1.0 - worst
+    return out
+
+
 def could_still_win(e: dict, ref: dict) -> bool:
     """Whether a configuration of the reference's family may still beat the reference: not
     ruled out (departed, slower, too_easy, or a single seed that missed the crossing by more
@@ -207,6 +223,7 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA,
         "time_ratio_ci_unadjusted": None if is_ref else vs.get("time_ratio_ci"),
         "time_ratio_ci_level_each": None if is_ref else 1 - (1 - ci) / m,
         "p_faster_than_reference": None if is_ref else vs.get("p_faster"),
+        "p_faster_family": None if is_ref else vs.get("p_faster_family"),
         "alpha": alpha,
         "candidates_analysed": len([e for e in fam if e is not ref]),
         "shown_faster": [e["config"] for e in winners],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from rlbatch.analysis.labels import config_labels, finite_float, ratio_or_none
+from rlbatch.analysis.labels import confidence, config_labels, finite_float, ratio_or_none
 from rlbatch.analysis.runs import RunFrames
 
 
@@ -69,6 +69,7 @@ def _decision_data(doc: dict, profile: dict | None, configs: dict | None) -> dic
         else saving_interval(rec.get("time_ratio_ci")),
         "candidates_analysed": rec.get("candidates_analysed"),
         "p_faster": rec["p_faster_than_reference"], "speedup": rec["speedup_vs_reference"],
+        "p_faster_family": rec.get("p_faster_family"),
         "predicted_saving": None if rec["is_reference"] or pred is None else 1.0 - pred,
         "b_noise": (doc.get("prediction") or {}).get("b_noise"),
         "b_noise_source": (doc.get("prediction") or {}).get("b_noise_source"),
@@ -90,9 +91,9 @@ def against(rec: dict, entries: dict, labels: dict) -> list[str]:
         if name == rec["config"]:
             continue
         vs = entries[name].get("vs_reference") or {}
-        t, ci, p = vs.get("time_ratio"), vs.get("time_ratio_ci") or [None, None], \
-            vs.get("p_faster")
-        ratio = (f"T ratio {_fmt(t)} [{_fmt(ci[0])}, {_fmt(ci[1])}], P(faster) {_fmt(p)}"
+        t, ci = vs.get("time_ratio"), vs.get("time_ratio_ci") or [None, None]
+        c = confidence(vs)
+        ratio = (f"T ratio {_fmt(t)} [{_fmt(ci[0])}, {_fmt(ci[1])}]" + (f", {c}" if c else "")
                  if t is not None else "no T ratio")
         if name in rejected:
             why = rejected[name]

@@ -4,6 +4,7 @@ every number comes from the analysis document; see docs/analysis.md for the rule
 from __future__ import annotations
 
 from rlbatch.analysis.figures import short_labels
+from rlbatch.analysis.labels import confidence
 
 
 def num(x, spec: str = ".3g") -> str:
@@ -18,13 +19,13 @@ def interval(ci) -> str:
 
 
 def ratios(vs: dict) -> str:
-    """`T 0.81 [0.7, 0.93] = N* 1.02 [..] / q 1.26 [..], P(faster) 0.97` (intervals only
-    when both sides have >= 2 seeds)."""
-    p = vs.get("p_faster")
+    """`T 0.81 [0.7, 0.93] = N* 1.02 [..] / q 1.26 [..], confidence faster 0.97 (0.91
+    allowing for 3 candidates)` (intervals only when both sides have >= 2 seeds)."""
+    c = confidence(vs)
     return (f"T ratio {num(vs.get('time_ratio'))}{interval(vs.get('time_ratio_ci'))} = "
             f"N* ratio {num(vs.get('samples_ratio'))}{interval(vs.get('samples_ratio_ci'))} / "
             f"q ratio {num(vs.get('throughput_ratio'))}{interval(vs.get('throughput_ratio_ci'))}"
-            + ("" if p is None else f", P(faster) {p:.2f}"))
+            + (f", {c}" if c else ""))
 
 
 def decision_lines(doc: dict, concurrency: int | None = None) -> list[str]:

@@ -106,7 +106,10 @@ def decision_lines(d: dict) -> list[str]:
     among = f" allowing for its pick among {m} candidates" if m > 1 else ""
     lines.append(f"Measured saving: {pct(d['measured_saving'])} "
                  f"({level} interval{among} {interval(d['measured_saving_ci'], pct)}); "
-                 f"speed-up {num(d['speedup'])}x; P(faster) = {num(d['p_faster'])}.")
+                 f"speed-up {num(d['speedup'])}x; one-sided confidence that it is faster "
+                 f"{num(d['p_faster'])}"
+                 + (f", {num(d['p_faster_family'])} allowing for {m} candidates"
+                    if m > 1 and d.get("p_faster_family") is not None else "") + ".")
     if d["predicted_saving"] is not None:
         lines.append(f"Predicted saving (McCandlish model, B_noise = {num(d['b_noise'])} from "
                      f"{d['b_noise_source']}): {pct(d['predicted_saving'])} (no interval).")
