@@ -392,6 +392,34 @@ def test_the_family_confidence_is_holm_adjusted_and_agrees_with_the_decision():
     assert confidence({}) == ""
 
 
+def test_a_candidate_with_a_diverged_run_is_rejected_not_a_late_crossing():
+    """A diverged run never reaches the target; counted as censored it read as a crossing a
+    little after its last evaluation, and a candidate fast on its other seeds could be
+    recommended. Any diverged run rejects the candidate (verdict `diverged`), with its reason
+    in words; the same candidate without the diverged run is recommended."""
+    def runs(statuses):
+        return [{"run": f"r{i}", "status": st, "censored": st == "diverged",
+                 "stop_code": None, "too_easy": False} for i, st in enumerate(statuses)]
+
+    ref = {**REF, "runs": runs(["target_reached"] * 3)}
+    fast = _entry("a", "aligned", 5.0, [0.4, 0.6], p=0.999)
+    verdict = selection.config_verdict({**fast, "runs": runs(["target_reached"] * 2 + ["diverged"])},
+                                       ref, -0.1, 0.1, 0.14)
+    assert verdict == {"verdict": "diverged", "indication": "aligned"}
+    bad = {**fast, **verdict, "runs": runs(["target_reached"] * 2 + ["diverged"])}
+    rec = selection.recommend([ref, bad], "ref")
+    assert rec["is_reference"] and rec["shown_faster"] == []
+    assert rec["rejected"] == [{"config": "a", "sequences_per_step": 256, "verdict": "diverged",
+                                "why": "diverged in 1 of its 3 seeds (non-finite training "
+                                       "values): a run that diverges does not reach the "
+                                       "target later, it does not reach it, so its time to "
+                                       "target is not estimated as a late crossing"}]
+    ok = selection.config_verdict({**fast, "runs": runs(["target_reached"] * 3)}, ref,
+                                  -0.1, 0.1, 0.14)
+    assert ok["verdict"] == "aligned"
+    assert selection.recommend([ref, {**fast, **ok}], "ref")["config"] == "a"
+
+
 def test_a_candidate_that_never_crossed_is_never_shown_faster():
     """Every run of the candidate stopped before the target: its ratio is bounded below
     only, no P(faster) is claimed, and it cannot be recommended, however fast its q."""

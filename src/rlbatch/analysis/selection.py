@@ -4,7 +4,7 @@ Decision rule (docs/design.md, Method; docs/analysis.md, "The decision"): T = N*
 measured over the same span as N* (stats.py), so a candidate beats the baseline exactly when
 q_cand/q_base > N*_cand/N*_base; both ratios and T_cand/T_base are reported with their
 intervals. Each configuration gets one verdict (`reference`, `too_easy`, `slower`,
-`unconfirmed`, `aligned`, `departed`, `fewer_samples`, `inconclusive`). The recommendation,
+`diverged`, `unconfirmed`, `aligned`, `departed`, `fewer_samples`, `inconclusive`). The recommendation,
 from the reference's LR-scaling family only, is the lowest-T candidate whose advantage is
 shown (Holm's step-down over the family), else the reference; `evidence`, `next` and `plan`
 say how strong the case is and what to run next. What each verdict means and the rule in
@@ -24,9 +24,10 @@ DEFAULT_ALPHA = 0.05
 POWER = 0.8
 RULE = ("lowest T = N*/q among configurations of the reference's LR-scaling family that are "
         "not shown to need more samples beyond the margin and whose T advantage is shown "
-        "(P(faster) above 1 - alpha/m, Holm over the m candidates); otherwise keep the "
+        "(one-sided confidence above 1 - alpha/m, Holm over the m candidates), none of whose "
+        "runs diverged; otherwise keep the "
         "reference")
-REJECTED = ("departed", "slower", "too_easy", "reference")
+REJECTED = ("departed", "slower", "too_easy", "diverged", "reference")
 STATISTIC = ("crossing: N* is each run's first crossing of the target (docs/analysis.md, "
              "'Which statistic')")
 COMPARISON = ("unpaired: each configuration's seeds are independent samples (same-seed runs "
@@ -45,6 +46,8 @@ def config_verdict(entry: dict, ref: dict, log_lo: float, log_hi: float, margin:
     indication = invariance.verdict(log_lo, log_hi, margin)
     if any(r.get("too_easy") for r in runs):
         return {"verdict": "too_easy", "indication": None}
+    if any(r.get("status") == "diverged" for r in runs):  # never a late crossing
+        return {"verdict": "diverged", "indication": indication}
     stopped = [r for r in runs if r.get("stop_code") == "cannot_win" and r["censored"]]
     if 2 * len(stopped) >= len(runs):
         return {"verdict": "slower", "indication": None}
@@ -256,6 +259,11 @@ def rejection_reason(e: dict) -> str:
     if e["verdict"] == "slower":
         return ("stopped early: it trained longer than the reference's time to target "
                 "without reaching the target")
+    if e["verdict"] == "diverged":
+        k = sum(r.get("status") == "diverged" for r in e["runs"])
+        return (f"diverged in {k} of its {len(e['runs'])} seeds (non-finite training values): a "
+                "run that diverges does not reach the target later, it does not reach it, so "
+                "its time to target is not estimated as a late crossing")
     return "target met by its first evaluation: no N* resolved"
 
 

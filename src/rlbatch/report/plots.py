@@ -13,10 +13,10 @@ import io
 from rlbatch.analysis import selection
 
 VERDICT_MARKERS = {"reference": "*", "aligned": "o", "departed": "X", "inconclusive": "s",
-                   "unconfirmed": "d", "slower": "v", "too_easy": "P"}
+                   "unconfirmed": "d", "slower": "v", "too_easy": "P", "diverged": "x"}
 VERDICT_COLORS = (("aligned", "tab:blue"), ("departed", "tab:red"), ("inconclusive", "tab:gray"),
                   ("unconfirmed", "tab:olive"), ("slower", "tab:orange"),
-                  ("too_easy", "tab:purple"))
+                  ("too_easy", "tab:purple"), ("diverged", "tab:brown"))
 PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "actor": "#54a24b",
                 "critic": "#e45756", "other": "#b0b0b0", "reference": "#72b7b2",
                 "noise_scale": "#b279a2"}
