@@ -11,7 +11,8 @@ is what the CLI prints.
   python bench/coverage.py              # the tables of docs/analysis.md
   python bench/coverage.py --reps 400   # quicker
 
-Prints three tables and, last, one JSON line with every figure.
+Prints four tables and, last, one JSON line with every figure. The fourth runs a family of
+three candidates, one of them noisier than the rest, under each `spread` of analyze.judge.
 """
 
 from __future__ import annotations
@@ -169,6 +170,38 @@ def decision_cell(rng, n, cv, cens, n_ratio, q_ratio, reps,
             "P(faster)>=0.95": p95 / reps, "P(faster)>=0.90": p90 / reps}
 
 
+SPREADS = ("pooled", "pair", "larger")
+
+
+def family_cell(rng, n: int, cv: float, noisy: float, fast_q: float, reps: int,
+                spread: str) -> dict:
+    """A family as a profile compares it: the reference (B0) and three candidates, n seeds
+    each. Candidate `noisy` has `noisy` x the others' CV and the reference's T; `quiet` has
+    the reference's CV and T; `fast` has the reference's CV and `fast_q` x its q (T ratio
+    1 / fast_q; 1.0: as fast as the reference). Through judge (with `spread`) and recommend:
+    coverage of each candidate's T-ratio interval, and how often each is recommended."""
+    nstar, q = 4000.0, 1000.0
+    hits = {k: [] for k in ("noisy", "quiet", "fast")}
+    picked = {k: 0 for k in hits}
+    for _ in range(reps):
+        groups = [group("ref", 128, draw_runs(rng, n, nstar, q, cv, math.inf)),
+                  group("noisy", 256, draw_runs(rng, n, nstar, q, cv * noisy, math.inf)),
+                  group("quiet", 512, draw_runs(rng, n, nstar, q, cv, math.inf)),
+                  group("fast", 1024, draw_runs(rng, n, nstar, q * fast_q, cv, math.inf))]
+        entries, _, _ = judge(groups, "ref", DEFAULT_MARGIN, CI, spread)
+        by = {e["config"]: e for e in entries}
+        for k, truth in (("noisy", 1.0), ("quiet", 1.0), ("fast", 1.0 / fast_q)):
+            c = _covers(by[k]["vs_reference"]["time_ratio_ci"], truth)
+            if c is not None:
+                hits[k].append(c)
+        rec = selection.recommend(entries, "ref")
+        if rec is not None and not rec["is_reference"]:
+            picked[rec["config"]] += 1
+    return {**{f"T-ratio coverage/{k}": float(np.mean(v)) if v else None
+               for k, v in hits.items()},
+            **{f"recommended/{k}": v / reps for k, v in picked.items()}}
+
+
 def fmt(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -177,11 +210,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2000, help="replicates per cell")
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--family-only", action="store_true",
+                    help="only the fourth table (a family with one noisier candidate)")
+    ap.add_argument("--spreads", default=",".join(SPREADS),
+                    help="the spreads of the fourth table, comma-separated")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
     out: dict = {"reps": args.reps, "ci": CI, "q_cv": Q_CV, "coverage": [], "decisions": []}
 
+    if args.family_only:
+        return family_table(rng, args, out, t0)
     print(f"Coverage of nominal {CI:.0%} intervals ({args.reps} replicates per row; "
           "candidate: same N*, 1.25x q)")
     names = [k for k, _, _ in KEYS + RATIOS]
@@ -223,6 +262,27 @@ def main() -> int:
         out["decisions"].append({"case": name, "cv": cv, "n": n, **cell})
         print(f"| {name} | {cv} | {n} | " + " | ".join(fmt(cell[c]) for c in cols) + " |",
               flush=True)
+    return family_table(rng, args, out, t0)
+
+
+def family_table(rng, args, out: dict, t0: float) -> int:
+    """The fourth table: one spread for the family, or each comparison's own
+    (analyze.judge `spread`); then the JSON line."""
+    out["family"] = []
+    fam_cols = ["T-ratio coverage/noisy", "T-ratio coverage/quiet", "T-ratio coverage/fast",
+                "recommended/noisy", "recommended/quiet", "recommended/fast"]
+    print(f"\nA family of three candidates, one noisier ({args.reps} replicates per row): "
+          "noisy and quiet as fast as the reference; fast at 1 / fast_q")
+    print("| spread | CV | noisy x CV | fast_q | seeds | " + " | ".join(fam_cols) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(fam_cols))
+    for cv, noisy, fast_q, n in ((0.25, 2.5, 1.0, 3), (0.25, 2.5, 1.0, 4), (0.25, 1.0, 1.5, 3),
+                                 (0.25, 1.0, 1.5, 4), (0.25, 2.5, 1.5, 4)):
+        for spread in args.spreads.split(","):
+            cell = family_cell(rng, n, cv, noisy, fast_q, args.reps, spread)
+            out["family"].append({"spread": spread, "cv": cv, "noisy": noisy, "fast_q": fast_q,
+                                  "n": n, **cell})
+            print(f"| {spread} | {cv} | {noisy} | {fast_q} | {n} | "
+                  + " | ".join(fmt(cell[c]) for c in fam_cols) + " |", flush=True)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out))
     return 0

@@ -35,6 +35,8 @@ from rlbatch.profile.procedure import early_stop_reason
 Q_CV = 0.05
 B0 = 128
 
+SPREAD = ["pooled"]  # analyze.judge's spread (--spread)
+
 
 def sigma(cv: float) -> float:
     return math.sqrt(math.log(1.0 + cv * cv))
@@ -87,7 +89,7 @@ def profile_once(rng, truths: dict, cv: float, seeds: int, confirm: int) -> dict
 
     def decide():
         groups = [group(c, truths[c][0], r) for c, r in runs.items()]
-        entries, _, _ = judge(groups, "ref", DEFAULT_MARGIN, 0.90)
+        entries, _, _ = judge(groups, "ref", DEFAULT_MARGIN, 0.90, SPREAD[0])
         return entries
 
     entries = decide()
@@ -136,7 +138,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--spread", choices=("pooled", "pair", "larger"), default="pooled",
+                    help="analyze.judge's spread (the published table: pooled, the analysis's "
+                         "default when it was made)")
     args = ap.parse_args()
+    SPREAD[0] = args.spread
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
     rows = []

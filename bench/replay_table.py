@@ -8,8 +8,9 @@ machine), as one Markdown table and one JSON line.
 Each `--bank NAME=DIR` is replayed with the config `bench/banks/NAME.yaml`. Variants
 (VARIANTS): the full strategy with the defaults, with follow-ups for every configuration,
 with alpha spent over the looks, with follow-ups for open configurations and alpha spent,
-with the futility stops or without early stops (follow-ups for every configuration), and
-the probe strategy; each one's `rlbatch replay --json` document is written to
+with the futility stops or without early stops (follow-ups for every configuration), with
+each comparison on one spread pooled over every configuration or on the larger of the
+pair's and the pooled one, and the probe strategy; each one's `rlbatch replay --json` document is written to
 `--out/NAME-VARIANT.json`.
 """
 
@@ -33,6 +34,8 @@ VARIANTS = {
     "full-futility-open-spent": ("full", ["profile.early_stop_rule=futility",
                                           "profile.follow_up=open",
                                           "profile.alpha_spending=true"]),
+    "full-pooled": ("full", ["profile.spread=pooled"]),
+    "full-larger": ("full", ["profile.spread=larger"]),
     "probe": ("probe", []),
 }
 

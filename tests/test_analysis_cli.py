@@ -78,11 +78,20 @@ def by_b(doc):
 
 
 # The pooled log-normal model by hand (docs/analysis.md): geometric means, one s over the
-# configurations that crossed (df = runs - configurations), Student-t ends.
+# configurations that crossed (df = runs - configurations), Student-t ends, for each
+# configuration's own interval; a comparison of two rests on the two alone (pair_s).
 CROSSED = {b: v for b, v in SWEEP.items() if v[0] is not None}
 DF = sum(len(v) for v in CROSSED.values()) - len(CROSSED)
 S = math.sqrt(sum(((np.log(v) - np.log(v).mean()) ** 2).sum() for v in CROSSED.values()) / DF)
 T90 = float(student_t.ppf(0.95, DF))
+
+
+def pair_s(a: int, b: int) -> tuple[float, int]:
+    """The spread of a comparison of B=a with B=b (analyze.judge's default spread, `pair`):
+    pooled over the two alone, with its degrees of freedom."""
+    ss = sum(((np.log(SWEEP[x]) - np.log(SWEEP[x]).mean()) ** 2).sum() for x in (a, b))
+    df = len(SWEEP[a]) + len(SWEEP[b]) - 2
+    return math.sqrt(ss / df), df
 
 
 def gm(values):
@@ -126,8 +135,11 @@ def test_verdicts_and_critical_batch(doc):
     assert cfg[256]["invariance"]["log_samples_ratio"] == pytest.approx(
         math.log(gm(SWEEP[256]) / gm(SWEEP[128])), rel=1e-9)
     lo, _ = cfg[1024]["invariance"]["log_samples_ratio_ci"]
+    s_pair, df_pair = pair_s(1024, 128)  # a comparison rests on the two compared
     assert lo == pytest.approx(math.log(gm(SWEEP[1024]) / gm(SWEEP[128]))
-                               - T90 * S * math.sqrt(2 / 3), rel=1e-9)
+                               - float(student_t.ppf(0.95, df_pair)) * s_pair * math.sqrt(2 / 3),
+                               rel=1e-9)
+    assert cfg[1024]["vs_reference"]["df"] == df_pair == 4
     cb = doc["critical_batch"]
     assert cb["critical_batch_departure"] == 512
     assert cb["first_not_aligned_batch"] == 1024
@@ -147,7 +159,10 @@ def test_recommendation_and_prediction(doc):
     cfg = by_b(doc)
     rec = doc["recommendation"]
     assert rec["config"] == cfg[512]["config"] and rec["evidence"] == "established"
-    assert rec["p_faster_than_reference"] > 1 - 1e-9  # 4x the q of the same N*
+    s_pair, df_pair = pair_s(512, 128)  # 4x the q of the same N*: log T ratio -log 4
+    assert rec["p_faster_than_reference"] == pytest.approx(
+        float(student_t.cdf(math.log(4) / (s_pair * math.sqrt(2 / 3)), df_pair)), rel=1e-12)
+    assert rec["p_faster_than_reference"] > 1 - 1e-6 and rec["spread"] == "pair"
     assert rec["time_ratio_ci"][1] < 1.0
     assert rec["speedup_vs_reference"] == pytest.approx(4.0, rel=1e-12)  # same N*, 4x q
     vs = cfg[512]["vs_reference"]

@@ -466,3 +466,51 @@ def test_the_picks_interval_allows_for_its_selection_among_m(m):
     edge = {**vs, "time_ratio_ci": [math.exp(d_edge - t90 * se), math.exp(d_edge + t90 * se)]}
     assert selection.selected_interval(edge, m)[1] == pytest.approx(1.0, rel=1e-9)
     assert selection.selected_interval({**vs, "time_ratio_ci": [None, 0.9]}, m) == [None, 0.9]
+
+
+# ---------- the spread a comparison rests on ----------
+
+def _spread_groups():
+    """The reference and two candidates at 4 seeds: `calm` with the reference's small
+    spread, `wild` with a much larger one (its log T spans +-0.6)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from coverage import group
+
+    def runs(ts):
+        return [{"run": f"r{i}", "seed": i, "censored": False, "too_easy": False,
+                 "stop_code": None, "samples_to_target": 4000.0, "time_to_target": t,
+                 "last_samples": 4000.0, "last_train_s": t, "throughput_to_target": 4000.0 / t}
+                for i, t in enumerate(ts)]
+
+    return [group("ref", 128, runs([10.0, 10.5, 9.5, 10.2])),
+            group("calm", 256, runs([8.0, 8.3, 7.8, 8.1])),
+            group("wild", 512, runs([4.0, 14.0, 6.0, 12.0]))]
+
+
+def test_a_comparison_rests_on_the_pooled_the_pairs_or_the_larger_spread():
+    """`pooled`: every comparison on one spread over all three configurations (df 12 - 3 =
+    9), which the wild candidate inflates, so the calm candidate, clearly faster (T 8 against
+    10 at a 2-4% spread), is not shown faster. `pair` (the default): each comparison on the
+    two compared alone (df 4 + 4 - 2 = 6): the calm one is shown faster, the wild one's
+    interval is wider than the pooled one. `larger`: each on whichever has the larger
+    standard error."""
+    from rlbatch.analysis.analyze import judge
+
+    def run(spread):
+        entries, _, _ = judge(_spread_groups(), "ref", math.log(1.15), 0.9, spread)
+        rec = selection.recommend(entries, "ref")
+        return {e["config"]: e["vs_reference"] for e in entries if e["config"] != "ref"}, rec
+
+    (pooled, rec_pooled), (pair, rec_pair), (larger, _) = map(run, ("pooled", "pair", "larger"))
+    assert pooled["wild"]["df"] == pooled["calm"]["df"] == 9
+    assert pair["wild"]["df"] == pair["calm"]["df"] == 6
+    assert pair["wild"]["time_ratio_se"] > pooled["wild"]["time_ratio_se"]
+    assert pair["calm"]["time_ratio_se"] < pooled["calm"]["time_ratio_se"] / 5
+    for c in ("wild", "calm"):  # the same point estimate, another spread
+        assert pair[c]["time_ratio"] == pytest.approx(pooled[c]["time_ratio"])
+    assert larger["wild"] == pair["wild"] and larger["calm"] == pooled["calm"]
+    assert rec_pooled["is_reference"] and rec_pooled["evidence"] == "not_enough"
+    assert rec_pair["config"] == "calm" and rec_pair["evidence"] == "established"

@@ -94,12 +94,16 @@ def _run_entry(r: dict, frames: RunFrames) -> dict:
     return entry
 
 
-def judge(groups: list[dict], ref_id: str, margin: float, ci: float
+SPREADS = ("pooled", "pair", "larger")
+
+
+def judge(groups: list[dict], ref_id: str, margin: float, ci: float, spread: str = "pair"
           ) -> tuple[list[dict], dict[str, dict], dict]:
     """Pure, on per-run records grouped by configuration (group_configs): each one's
     estimates and intervals, and for each non-reference configuration its comparison with
     the reference, verdict and `vs_reference`. Returns (entries, comparisons by config id,
-    pooled fits by config id). bench/coverage.py simulates through this function."""
+    pooled fits by config id). `spread` (SPREADS): the run-to-run spread each comparison
+    rests on (`_compare`). bench/coverage.py simulates through this function."""
     fits = stats.fit_by_algorithm(groups)
     by_id = {g["config"]: g for g in groups}
     entries = [{"config": g["config"], **{k: g[k] for k in META_KEYS}, "seeds": len(g["runs"]),
@@ -112,7 +116,7 @@ def judge(groups: list[dict], ref_id: str, margin: float, ci: float
     for e in entries:
         if e is ref:
             continue
-        cmp = _compare(fits, by_id, e["config"], ref_id, ci)
+        cmp = _compare(fits, by_id, e["config"], ref_id, ci, spread)
         lo, hi = cmp["log_samples_ratio_raw"]
         e.update(selection.config_verdict(e, ref, lo, hi, margin))
         e["vs_reference"] = selection.versus_baseline(e, ref, cmp)
@@ -120,11 +124,29 @@ def judge(groups: list[dict], ref_id: str, margin: float, ci: float
     return entries, comparisons, fits
 
 
-def _compare(fits: dict, groups: dict, a: str, b: str, ci: float) -> dict:
-    """stats.compare of a with b in their shared pooled fit, or in a fit of the two alone
-    when they belong to different pools (other algorithms)."""
-    fit = fits[a] if fits[a] is fits[b] else stats.fit_sweep([groups[a], groups[b]])
-    return stats.compare(fit, a, b, ci)
+def _compare(fits: dict, groups: dict, a: str, b: str, ci: float,
+             spread: str = "pair") -> dict:
+    """stats.compare of a with b. `pair` (the default): in a fit of the two alone, so each
+    comparison rests on the spread of the two compared: a configuration noisier than the
+    rest is not compared on the others' smaller spread, nor a calm one on a spread a noisy
+    one inflated (docs/analysis.md, "Per-configuration spread"). `pooled`: in their shared
+    pooled fit (a fit of the two alone when they belong to different pools: other
+    algorithms), one spread for every configuration, the most degrees of freedom.
+    `larger`: whichever of the two has the larger standard error of the log T ratio (where
+    one has none, the other)."""
+    pooled = fits[a] if fits[a] is fits[b] else None
+    pair = stats.fit_sweep([groups[a], groups[b]]) if spread != "pooled" or pooled is None \
+        else None
+    if spread == "pooled" or pair is None:
+        return stats.compare(pooled or pair, a, b, ci)
+    by_pair = stats.compare(pair, a, b, ci)
+    if spread == "pair" or pooled is None:
+        return by_pair
+    by_pool = stats.compare(pooled, a, b, ci)
+    se_pair, se_pool = by_pair.get("time_ratio_se"), by_pool.get("time_ratio_se")
+    if se_pool is None or (se_pair is not None and se_pair > se_pool):
+        return by_pair
+    return by_pool
 
 
 def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict) -> dict:
@@ -211,15 +233,18 @@ def _problem(ref: dict) -> str | None:
 def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | None = None,
                    margin: float = invariance.DEFAULT_MARGIN, ci: float = stats.DEFAULT_CI,
                    n_boot: int = stats.DEFAULT_BOOT, seed: int = 0, smooth: int = 1,
-                   statistic: str = "crossing", alpha: float = selection.DEFAULT_ALPHA
-                   ) -> dict:
+                   statistic: str = "crossing", alpha: float = selection.DEFAULT_ALPHA,
+                   spread: str = "pair") -> dict:
     """Pure: frames -> the analysis document (see docs/analysis.md for every key).
     `statistic`: what a run's N* is, its first crossing of the target or the stretch of
     registration.py (STATISTICS). `alpha`: the one-sided level of the decision (a profile's
-    follow-up look may spend less, profile.alpha_spending)."""
+    follow-up look may spend less, profile.alpha_spending). `spread`: what each comparison's
+    run-to-run spread is (judge, SPREADS)."""
     _check_settings(margin, ci, n_boot, alpha)
     if statistic not in STATISTICS:
         raise UserError(f"--statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
+    if spread not in SPREADS:
+        raise UserError(f"--spread must be one of {', '.join(SPREADS)}, not {spread!r}")
     check_metric_values(frames, target.metric)
     source = metric_source(frames, target.metric)
     records = per_run_records(frames, target, smooth)
@@ -231,7 +256,7 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         groups = registration.stretched_groups(
             groups, {r["run"]: metric_curve(rows(r["run"]), target.metric, smooth)
                      for g in groups for r in g["runs"]}, ref_id)
-    entries, comparisons, fits = judge(groups, ref_id, margin, ci)
+    entries, comparisons, fits = judge(groups, ref_id, margin, ci, spread)
     by_id = {g["config"]: g for g in groups}
     ref = next(e for e in entries if e["config"] == ref_id)
     ref_curves = _curves(frames, by_id[ref_id]["runs"], target, source, smooth)
@@ -251,10 +276,11 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         "target": {**target.as_dict(), "thresholds": _thresholds(records)},
         "metric_source": source,
         "reference": {"config": ref_id, "why": why},
-        "settings": {**_settings(margin, ci, n_boot, seed, smooth), "statistic": statistic},
+        "settings": {**_settings(margin, ci, n_boot, seed, smooth), "statistic": statistic,
+                     "spread": spread},
         "configs": entries, "critical_batch": critical,
         "prediction": _predict(entries, ref, critical["mccandlish_fit"]),
-        "recommendation": _recommend(entries, ref_id, statistic, alpha, ci),
+        "recommendation": _recommend(entries, ref_id, statistic, alpha, ci, spread),
         "fixed_lr_controls": _controls(entries, ref, fits, by_id, ci),
         "problem": _problem(ref),
         "warnings": _warnings(frames, missing, entries),
@@ -262,7 +288,7 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
 
 
 def _recommend(entries: list[dict], ref_id: str, statistic: str, alpha: float,
-               ci: float) -> dict | None:
+               ci: float, spread: str = "pair") -> dict | None:
     ref = next(e for e in entries if e["config"] == ref_id)
     adjusted = selection.family_confidence(entries, ref)
     for e in entries:
@@ -272,6 +298,7 @@ def _recommend(entries: list[dict], ref_id: str, statistic: str, alpha: float,
     rec = selection.recommend(entries, ref_id, alpha, ci)
     if rec is not None:
         rec["statistic"] = STATISTICS[statistic]
+        rec["spread"] = spread
     return rec
 
 

@@ -104,6 +104,10 @@ def analyze(
                                   "curve near the target; docs/analysis.md, 'Which "
                                   "statistic')"),
     smooth: int = typer.Option(1, help="trailing mean over this many evaluations (1 = none)"),
+    spread: str = typer.Option("pair", help="the run-to-run spread each comparison with "
+                               "the reference rests on: pair (the two compared) | pooled "
+                               "(over every configuration) | larger (the larger of the two; "
+                               "docs/analysis.md, 'Per-configuration spread')"),
     alpha: float = typer.Option(0.05, help="one-sided level of the decision (a profile with "
                                 "profile.alpha_spending decides its k-th look at "
                                 "0.05 / 2^(k+1); its profile.json says which)"),
@@ -131,7 +135,7 @@ def analyze(
         probe_profile = read_probe_profile(probes)
     doc = run_analysis(list(paths), tgt, reference_run=reference, margin=margin, ci=ci,
                        n_boot=bootstrap, seed=seed, smooth=smooth, statistic=statistic,
-                       alpha=alpha)
+                       alpha=alpha, spread=spread)
     if probe_profile is not None:
         from rlbatch.analysis.probe_check import check_predictions
         doc["probe_check"] = check_predictions(doc, *probe_profile)

@@ -67,9 +67,13 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
              if str(rec.get("statistic", "")).startswith("stretch")
              else "N* at each run's first crossing of the target")
     paired = str(rec.get("comparison", "unpaired")).split(":", 1)[0]
+    spread = {"pair": ", each on the spread of the two compared",
+              "pooled": ", on one spread pooled over every configuration",
+              "larger": ", each on the larger of the pair's and the pooled spread"
+              }.get(rec.get("spread"), "")
     lines.append(f"evidence: {rec['evidence']} ({why}); geometric means across seeds, {ci} "
                  f"intervals, each on its own (docs/analysis.md, 'Two intervals read "
-                 f"together'), {paired} comparisons, T = N*/q, {nstar}")
+                 f"together'), {paired} comparisons{spread}, T = N*/q, {nstar}")
     return lines
 
 

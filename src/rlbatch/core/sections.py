@@ -387,6 +387,10 @@ class ProfileConfig(StrictModel):
         "crossing", description="a run's N* in the decision: its first crossing of the "
         "target, or a stretch fitted to its rising curve near it (rlbatch analyze "
         "--statistic; docs/analysis.md, 'Which statistic')")
+    spread: Literal["pooled", "pair", "larger"] = Field(
+        "pair", description="the run-to-run spread a comparison with the baseline rests on: "
+        "the pair's own, pooled over every configuration, or the larger of the two (rlbatch "
+        "analyze --spread; docs/analysis.md, 'Per-configuration spread')")
     workers: int = Field(1, gt=0, le=1024)
     strategy: Literal["full", "probe"] = Field(
         "full", description="full: every candidate towards the target (early stops); probe: "

@@ -268,7 +268,8 @@ def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial]
             and trial_status(t)["status"] != "failed"]
     extra = {} if alpha is None else {"alpha": alpha}
     return analyze(dirs, target_of(cfg), reference_run=str(reference.run_dir()),
-                   margin=cfg.profile.margin, statistic=cfg.profile.statistic, **extra)
+                   margin=cfg.profile.margin, statistic=cfg.profile.statistic,
+                   spread=cfg.profile.spread, **extra)
 
 
 def baseline_times(trials: list[dict]) -> list[float]:

@@ -324,7 +324,8 @@ def bank_truth(cfg: Config, bank: Bank, keys: list[tuple]) -> dict:
     base = bank.runs[keys[0]]
     dirs = [r.dir for k in keys for r in bank.runs[k].values()]
     doc = analyze(dirs, target_of(cfg), reference_run=str(base[min(base)].dir),
-                  margin=cfg.profile.margin, statistic=cfg.profile.statistic)
+                  margin=cfg.profile.margin, statistic=cfg.profile.statistic,
+                  spread=cfg.profile.spread)
     by_run = {}
     for e in doc["configs"]:
         for r in e["runs"]:
