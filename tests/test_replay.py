@@ -329,7 +329,7 @@ def test_a_bank_finds_its_finished_runs_under_another_versions_run_ids(saving, t
     assert all(r["run"].endswith("-0ldversn") for r in doc["runs"])
 
 
-@pytest.mark.parametrize("name", ["no-saving", "large-saving"])
+@pytest.mark.parametrize("name", ["no-saving", "large-saving", "modest-saving"])
 def test_the_committed_banks_load_and_match_their_checksums(name, tmp_path):
     """The banks behind docs/analysis.md ("Replays"): 12 seeds of each of the profile's 5
     configurations, every run to its target, and bank.json's checksum recomputed from the
