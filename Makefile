@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow bench lint clean
+.PHONY: setup demo demo-saving test test-slow bench lint clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,13 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/rlbatch model build
 	$(BIN)/rlbatch profile --preset quick --out profiles/quick
+
+# The demo's second half: a workload where a larger batch saves time (the quick workload
+# behind 0.25 s of rollout latency per step, B0 = 64). --follow runs the seeds the decision
+# asks for and decides again (about 9 minutes on 2 cores; docs/study.md, section 11).
+demo-saving: setup
+	$(BIN)/rlbatch model build
+	$(BIN)/rlbatch profile --preset quick-saving --follow 3 --out profiles/quick-saving
 
 # Two workers, one test file each at a time (module fixtures are built once), in the order
 # tests/conftest.py gives the files: a serial run spends much of its time waiting on

@@ -268,6 +268,38 @@ def _assert_progress_lines_arrive_while_it_runs(config: Path, out: Path) -> None
     assert json.loads(proc.stdout.read().strip().splitlines()[-1])["decision"] is not None
 
 
+# ---------------------------------------------------------------- following `next`
+def test_follow_runs_the_seeds_next_asks_for_and_decides_again(tmp_path, capsys):
+    """`--follow 3`: a look whose decision asks for more seeds is followed in the same folder
+    (a line names the look and what it runs), up to three times, as the printed command
+    would; the last look is printed in full. The stand-in's seeds differ in step time
+    (LOG_WRITER_SEED_JITTER), so one seed each decides nothing and more seeds are asked for;
+    B = 64 takes half the steps of B = 32 at every seed."""
+    from helpers.cli import run_cli
+
+    config = _standin_profile(tmp_path, "follow", step_s=0.01)
+    data = yaml.safe_load(config.read_text())
+    data["command"]["env"]["LOG_WRITER_SEED_JITTER"] = "0.25"
+    data["profile"]["workers"] = 2
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "p"
+    code, stdout, stderr = run_cli(["profile", config, "--out", out, "--follow", "3"], capsys)
+    assert code == 0, stderr[-2000:]
+    # the stand-in logs its times, so what each look decides is arithmetic, not timing
+    follows = [x for x in stdout.splitlines() if x.startswith("following next (look ")]
+    assert follows == ["following next (look 2 of at most 4): profile.seeds=2",
+                       "following next (look 3 of at most 4): profile.seeds=3"]
+    decisions = [x for x in stdout.splitlines() if x.startswith("decision: ")]
+    assert decisions[:2] == ["decision: keep the baseline P=4 G=8 (B=32), lr=0.0001, C=128"] * 2
+    assert decisions[2].startswith("decision: P=8 G=8 (B=64), lr=0.000141, C=128: 2x faster "
+                                   "than the baseline, across 3 seeds; T ratio 0.5 [")
+    assert stdout.count("profile: ") == 3  # each look's decision printed
+    assert "to continue this profile" not in stdout  # established: nothing to continue
+    assert {f"{k}-s{i}" for k in ("base-P4", "sqrt-P8") for i in range(3)} == \
+        set(_trial_dirs(out))
+    assert read_json(out / "profile.json")["decision"]["evidence"] == "established"
+
+
 # ---------------------------------------------------------------- a baseline that fails
 def test_a_profile_whose_baseline_failed_exits_2_naming_the_failure(tmp_path):
     """Every trial's command crashes at its third step: there is no decision, and the profile

@@ -246,8 +246,8 @@ def test_a_follow_up_gives_new_seeds_to_the_open_configurations_only(tmp_path, f
     1.25: it cannot win). After the first look, a follow-up with 3 seeds per configuration
     (profile.follow_up: open) runs the new seeds of the baseline and B = 256 only; with
     `all` it runs B = 512's too."""
+    from rlbatch.profile.driver import with_sets
     from rlbatch.profile.procedure import run_profile
-    from rlbatch.profile.replay import with_sets
 
     spending = follow_up == "open"  # and, in that case, alpha spent over the looks
     path = config_file(tmp_path, "profile.prompts_per_step=[32,64]",
@@ -282,8 +282,8 @@ def test_a_challenger_follow_up_gives_new_seeds_to_the_baseline_and_the_challeng
     challenger (the lower point T, B = 256) and the seeds its own plan asks for, and the
     follow-up runs new seeds of the baseline and B = 256 only."""
     from rlbatch.analysis.selection import next_seeds
+    from rlbatch.profile.driver import with_sets
     from rlbatch.profile.procedure import run_profile
-    from rlbatch.profile.replay import with_sets
 
     path = config_file(tmp_path, "profile.prompts_per_step=[32,64]",
                        "profile.follow_up=challenger")
@@ -327,6 +327,16 @@ def test_a_bank_finds_its_finished_runs_under_another_versions_run_ids(saving, t
     doc = record_bank(cfg, bank, list(range(8)), say=said.append)
     assert len(said) == 16 and all(line.endswith("(recorded before)") for line in said)
     assert all(r["run"].endswith("-0ldversn") for r in doc["runs"])
+
+
+def test_the_quick_saving_preset_is_the_large_saving_banks_config():
+    """`--preset quick-saving` (make demo-saving) is the workload whose replays
+    docs/analysis.md reports: the same config as bench/banks/large-saving.yaml but its name."""
+    root = Path(__file__).resolve().parents[1] / "bench" / "banks"
+    preset = load_config(None, preset="quick-saving").model_dump(mode="json")
+    bank = load_config(str(root / "large-saving.yaml")).model_dump(mode="json")
+    assert preset.pop("name") == "quick-saving" and bank.pop("name") == "bank-large-saving"
+    assert preset == bank
 
 
 @pytest.mark.parametrize("name", ["no-saving", "large-saving", "modest-saving"])

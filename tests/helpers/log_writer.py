@@ -33,6 +33,9 @@ Behaviour from the environment:
 - LOG_WRITER_CORRUPT_CKPT: a file; when it exists, resuming from a checkpoint fails at
   load (exit status 1, before any step is logged), as an unreadable checkpoint does;
 - LOG_WRITER_OUTPUT_BYTES: print this many bytes of output per step (a chatty trainer);
+- LOG_WRITER_SEED_JITTER: log each step's time as LOG_WRITER_STEP_S times exp(j x u), u in
+  [-1, 1] fixed by `data.seed` (seeds of one configuration then differ in time to target,
+  the same seed alike at every B), j the value given;
 - LOG_WRITER_DAEMON: leave a daemon behind (LOG_WRITER_PIDS/daemon.pid): it forks away from
   a helper that exits, calls `setsid` and has an empty environment, so it is neither in the
   command's process group nor marked with its token.
@@ -42,7 +45,9 @@ Behaviour from the environment:
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -72,6 +77,9 @@ def main(argv: list[str]) -> int:
     test_freq, save_freq = int(a["trainer.test_freq"]), int(a["trainer.save_freq"])
     ckpt = Path(a["trainer.default_local_dir"])
     step_s = float(os.environ.get("LOG_WRITER_STEP_S", "0.05"))
+    jitter = float(os.environ.get("LOG_WRITER_SEED_JITTER", "0"))
+    u = random.Random(int(a.get("data.seed", "0"))).uniform(-1.0, 1.0)
+    logged_s = step_s * math.exp(jitter * u)
     crash_at = int(os.environ.get("LOG_WRITER_CRASH_AT", "0"))
     hang_at = int(os.environ.get("LOG_WRITER_HANG_AT", "0"))
     if os.environ.get("LOG_WRITER_TRAP_TERM"):
@@ -138,7 +146,7 @@ def main(argv: list[str]) -> int:
             log.truncate(0)
             log.seek(0)
         time.sleep(step_s)
-        data = {"timing_s/step": step_s, "timing_s/gen": step_s / 2,
+        data = {"timing_s/step": logged_s, "timing_s/gen": logged_s / 2,
                 "response_length/mean": 5.0, "critic/score/mean": step / total,
                 "actor/lr": 1e-4, "actor/pg_loss": 0.0, "actor/grad_norm": 1.0}
         if nan_from and step >= nan_from:

@@ -90,6 +90,11 @@ def profile(
         None, help="full (every candidate towards the target) | probe (short probes, "
         "predicted time to target, only the predicted winner run to the target)"),
     out: str | None = typer.Option(None, "--out", help="profile directory"),
+    follow: int = typer.Option(
+        0, "--follow", min=0, max=10,
+        help="when the decision asks for more seeds (its `next`), run them in the same "
+        "folder and decide again, up to this many times (each look is a fresh test at the "
+        "family's 5%: docs/analysis.md, 'Replays')"),
     as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
 ) -> None:
     """Find the configuration with the lowest time to target: the baseline, sqrt-scaled
@@ -113,9 +118,19 @@ def profile(
     _check_before_writing(cfg, executor, trial_gpus)
     out_dir = out or f"profiles/{cfg.name}"
     driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
-    ex = executors.make_executor(executor, cfg.profile.workers, address, trial_cpus, trial_gpus)
     run = probing.run_probe_profile if cfg.profile.strategy == "probe" else procedure.run_profile
-    doc = _run_live(run, cfg, out_dir, ex)
+    for look in range(follow + 1):
+        ex = executors.make_executor(executor, cfg.profile.workers, address, trial_cpus,
+                                     trial_gpus)
+        doc = _run_live(run, cfg, out_dir, ex)
+        sets = driver.next_sets(doc, cfg.profile.strategy)
+        if sets is None or look == follow or baseline_failed(doc):
+            break
+        if not as_json:
+            _print_decision(doc, out_dir, False, continuing=True)
+            print(f"following next (look {look + 2} of at most {follow + 1}): "
+                  + " ".join(f"{k}={v}" for k, v in sets.items()), flush=True)
+        cfg = driver.with_sets(cfg, sets)
     _print_decision(doc, out_dir, as_json)
     if baseline_failed(doc):
         err.print(f"error: no decision: {doc['problem']}", markup=False, highlight=False,
@@ -219,7 +234,9 @@ def _next_command(doc: dict, out_dir: str) -> str | None:
     return None
 
 
-def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
+def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = False) -> None:
+    """The decision in words (or as JSON); `continuing`: a look that --follow follows, so
+    the command that would continue it is not printed."""
     d, cost = doc["decision"], doc["cost"]
     command = _next_command(doc, out_dir)
     if as_json:
@@ -245,6 +262,8 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool) -> None:
         print(f"trial {name} failed and is left out of the decision: {why}")
     if doc.get("failed_trials"):
         print("re-running the same command resumes the failed trials (finished ones are kept)")
+    if continuing:
+        return
     follow = (d or {}).get("follow_up")
     if command and follow:
         print(f"the follow-up runs {follow['seeds']} seeds of the baseline and of "

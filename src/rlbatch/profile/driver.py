@@ -21,6 +21,7 @@ from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
 from rlbatch.core.config import Config
 from rlbatch.core.errors import EXIT_DIVERGED, UserError, sanitize
+from rlbatch.core.loading import validate_config
 from rlbatch.core.ownership import held_by, own
 from rlbatch.core.runlog import (
     FINISHED,
@@ -290,3 +291,28 @@ def profile_cost(trials: list[dict], decode: dict, result: dict | None) -> dict:
     return {"trial_train_s": train, "decode_sweep_s": decode.get("seconds") or 0.0,
             "total_s": total, "baseline_time_to_target_s": base_t,
             "multiple_of_baseline_time_to_target": total / base_t if base_t else None}
+
+
+def next_sets(doc: dict, strategy: str) -> dict | None:
+    """The `--set`s that following a profile's `next` means (the seeds its plan asks for,
+    or the probe strategy's larger budget), or None when nothing is asked for: what
+    `rlbatch profile --follow` and `rlbatch replay` run next, as the printed command would."""
+    d = doc.get("decision") or {}
+    if d.get("next_set"):
+        return dict(d["next_set"])
+    rec = (doc.get("analysis") or {}).get("recommendation") or {}
+    if strategy != "probe" and rec.get("next_seeds"):
+        return {"profile.seeds": rec["next_seeds"]}
+    return None
+
+
+def with_sets(cfg: Config, sets: dict) -> Config:
+    """`cfg` with each dotted key of `sets` set to its value, validated again."""
+    data = cfg.model_dump(mode="json")
+    for k, v in sets.items():
+        node = data
+        *path, last = k.split(".")
+        for part in path:
+            node = node[part]
+        node[last] = v
+    return validate_config(data)

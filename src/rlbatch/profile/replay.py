@@ -468,30 +468,9 @@ def _run_config(doc: dict, d: dict) -> dict:
     return yaml_data((run_dir / "config.yaml").read_text())
 
 
-def _next(doc: dict, strategy: str) -> dict | None:
-    """The `--set`s that following `next` means, or None when nothing is asked for."""
-    d = doc.get("decision") or {}
-    if d.get("next_set"):
-        return dict(d["next_set"])
-    rec = (doc.get("analysis") or {}).get("recommendation") or {}
-    if strategy != "probe" and rec.get("next_seeds"):
-        return {"profile.seeds": rec["next_seeds"]}
-    return None
-
-
-def with_sets(cfg: Config, sets: dict) -> Config:
-    data = cfg.model_dump(mode="json")
-    for k, v in sets.items():
-        node = data
-        *path, last = k.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = v
-    return validate_config(data)
-
-
 def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, int],
                   work: Path, follow: int, base_key: tuple) -> Outcome:
+    from rlbatch.profile.driver import next_sets, with_sets
     from rlbatch.profile.probing import run_probe_profile
     from rlbatch.profile.procedure import run_profile
 
@@ -518,7 +497,7 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
             break
         finally:
             unserved += ex.unserved
-        sets = _next(doc, strategy)
+        sets = next_sets(doc, strategy)
         if sets is None or follows >= follow:
             break
         follows += 1
