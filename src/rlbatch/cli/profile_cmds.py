@@ -62,6 +62,13 @@ TRIAL_GPUS_HELP = ("ray, ray-job: GPUs a trial asks for (ray-job: its entrypoint
                    "and OpenRLHF, whose drivers ask Ray for their actors' own)")
 
 
+FollowOption = typer.Option(
+    0, "--follow", min=0, max=10,
+    help="when the decision asks for more seeds (its `next`), run them in the same folder "
+    "and decide again, up to this many times (each look is a fresh test at the family's 5%: "
+    "docs/analysis.md, 'Replays')")
+
+
 def profile(
     config: str | None = typer.Argument(None, help="YAML config naming the baseline "
                                            "(optimizer.reference_sequences and _lr), the "
@@ -90,11 +97,7 @@ def profile(
         None, help="full (every candidate towards the target) | probe (short probes, "
         "predicted time to target, only the predicted winner run to the target)"),
     out: str | None = typer.Option(None, "--out", help="profile directory"),
-    follow: int = typer.Option(
-        0, "--follow", min=0, max=10,
-        help="when the decision asks for more seeds (its `next`), run them in the same "
-        "folder and decide again, up to this many times (each look is a fresh test at the "
-        "family's 5%: docs/analysis.md, 'Replays')"),
+    follow: int = FollowOption,
     as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
 ) -> None:
     """Find the configuration with the lowest time to target: the baseline, sqrt-scaled
@@ -107,7 +110,7 @@ def profile(
     command: section for verl, OpenRLHF, prime-rl, `trl grpo` or `rlbatch train`): each
     trial's batch, scaled LR, seed, cadences and resume flags are appended, its log is
     followed, it is stopped early the framework's way. Walk-throughs: docs/integrations.md."""
-    from rlbatch.profile import driver, executors, probing, procedure
+    from rlbatch.profile import driver, executors
 
     overrides = list(set_ or []) + _flag_overrides(
         batches=batches, concurrency=concurrency, seeds=seeds, workers=workers,
@@ -118,24 +121,33 @@ def profile(
     _check_before_writing(cfg, executor, trial_gpus)
     out_dir = out or f"profiles/{cfg.name}"
     driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
-    run = probing.run_probe_profile if cfg.profile.strategy == "probe" else procedure.run_profile
-    for look in range(follow + 1):
-        ex = executors.make_executor(executor, cfg.profile.workers, address, trial_cpus,
-                                     trial_gpus)
-        doc = _run_live(run, cfg, out_dir, ex)
-        sets = driver.next_sets(doc, cfg.profile.strategy)
-        if sets is None or look == follow or baseline_failed(doc):
-            break
-        if not as_json:
-            _print_decision(doc, out_dir, False, continuing=True)
-            print(f"following next (look {look + 2} of at most {follow + 1}): "
-                  + " ".join(f"{k}={v}" for k, v in sets.items()), flush=True)
-        cfg = driver.with_sets(cfg, sets)
+    doc = _looks(cfg, out_dir, follow, as_json, lambda workers: executors.make_executor(
+        executor, workers, address, trial_cpus, trial_gpus))
     _print_decision(doc, out_dir, as_json)
     if baseline_failed(doc):
         err.print(f"error: no decision: {doc['problem']}", markup=False, highlight=False,
                   soft_wrap=True)
         raise typer.Exit(2)
+
+
+def _looks(cfg, out_dir: str, follow: int, as_json: bool, make_executor) -> dict:
+    """The profile, and while its decision asks for more seeds (`next`), up to `follow`
+    more looks in the same folder with those seeds, each look's decision printed (but the
+    last, which the caller prints). Returns the last look's document."""
+    from rlbatch.profile import driver, probing, procedure
+
+    run = probing.run_probe_profile if cfg.profile.strategy == "probe" else procedure.run_profile
+    for look in range(follow + 1):
+        doc = _run_live(run, cfg, out_dir, make_executor(cfg.profile.workers))
+        sets = driver.next_sets(doc, cfg.profile.strategy)
+        if sets is None or look == follow or baseline_failed(doc):
+            return doc
+        if not as_json:
+            _print_decision(doc, out_dir, False, continuing=True)
+            print(f"following next (look {look + 2} of at most {follow + 1}): "
+                  + " ".join(f"{k}={v}" for k, v in sets.items()), flush=True)
+        cfg = driver.with_sets(cfg, sets)
+    return doc
 
 
 def _check_before_writing(cfg, executor: str, trial_gpus: float) -> None:
