@@ -498,6 +498,20 @@ def test_a_checkpoint_that_fails_every_resume_is_named_not_retried_forever(tmp_p
     assert code == 0 and json.loads(out.splitlines()[-1])["samples"] == 640, err
 
 
+def test_a_verl_trials_checkpoint_saves_are_not_training_time(tmp_path, capsys):
+    """The stand-in saves every 4 steps, 0.3 s each, timed inside the step as verl times it
+    (verl-project/verl 1dda039, ray_trainer.py 1508 and 1711): the trial's train_s is the
+    steps' own 0.1 s each, the saves out of it (they were in it: train_s at step 20 was
+    3.5 s, not 2.0)."""
+    code, out, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
+                                               LOG_WRITER_SAVE_S=0.3), "--json"], capsys)
+    assert code == 0, err
+    steps = read_jsonl(_run_dir(tmp_path) / "steps.jsonl")[0]
+    assert [r["train_s"] for r in steps] == pytest.approx([0.1 * s for s in range(1, 21)])
+    assert [r["verl/timing_s/save_checkpoint"] for r in steps
+            if "verl/timing_s/save_checkpoint" in r] == [0.3] * 5
+
+
 def test_continue_rows_keeps_what_a_shorter_log_lost():
     """The pure rule: a log that still holds every step read is taken as it is; one that now
     starts later is continued (train_s shifted when it restarted); one cut at its end keeps

@@ -44,19 +44,21 @@ def test_verl_round_trip(tmp_path, capsys):
     summary = ingest(["verl", str(FIX / "verl" / "metrics.jsonl"), "--out", str(out), *PG,
                       "--lr", "1e-6", "--seed", "1", "--lr-scaling", "sqrt"], capsys)
     run = read_run(out)
-    # B = 4 x 2 = 8; train_s = 10, 10+12, 22+11; tokens = 100x8, +110.5x8, +90.25x8
+    # B = 4 x 2 = 8; train_s = 10, 10+(12-0.25), 21.75+11: step 2's timing_s/step holds its
+    # 0.25 s checkpoint save, which verl times inside the step (ray_trainer.py at 1dda039)
+    # and rlbatch takes out; tokens = 100x8, +110.5x8, +90.25x8
     assert col(run.steps, "samples") == [8, 16, 24]
     assert col(run.steps, "prompts") == [4, 8, 12]
-    assert col(run.steps, "train_s") == [10.0, 22.0, 33.0]
+    assert col(run.steps, "train_s") == [10.0, 21.75, 32.75]
     assert col(run.steps, "tokens") == [800, 1684, 2406]
     assert col(run.steps, "reward/mean") == [0.3, 0.45, 0.5]
     assert col(run.steps, "time/rollout") == [6.0, 7.0, 6.5]
     assert col(run.steps, "time/critic_update") == [0.0, 0.0, 0.0]
-    assert col(run.steps, "time/other") == [1.0, 1.0, 1.25]  # 10-(6+1+2), 12-(7+1+3), ...
+    assert col(run.steps, "time/other") == [1.0, 0.75, 1.25]  # 10-(6+1+2), 11.75-(7+1+3), ...
     assert col(run.steps, "actor/loss") == [-0.01, -0.02, -0.015]
     assert run.steps[0]["verl/timing_s/old_log_prob"] == 0.5  # unmapped keys kept, prefixed
     assert col(run.evals, "step") == [0, 2] and col(run.evals, "samples") == [0, 16]
-    assert col(run.evals, "train_s") == [0.0, 22.0]
+    assert col(run.evals, "train_s") == [0.0, 21.75]
     assert col(run.evals, "eval/openai/gsm8k/reward/mean@1") == [0.25, 0.5]
     assert run.evals[1]["eval/aux/openai/gsm8k/reward/std@1"] == 0.0
     assert run.config["algorithm"] == "grpo" and run.config["seed"] == 1
@@ -69,7 +71,7 @@ def test_verl_round_trip(tmp_path, capsys):
     assert run.manifest["backend"] == "ingest:verl" and run.manifest["seed"] == 1
     assert run.summary["status"] == "budget_exhausted"
     assert run.summary["eval_s"] == 1.5 and run.summary["checkpoint_s"] == 0.25
-    assert summary["samples"] == 24 and summary["train_s"] == 33.0
+    assert summary["samples"] == 24 and summary["train_s"] == 32.75
     assert not run.warnings and not summary["ingest"]["warnings"]
     no_leftovers(tmp_path)
 
@@ -86,10 +88,11 @@ def test_verl_ingested_run_in_analysis(tmp_path, capsys):
     steps, evals = frames.run_steps(row["run"]), frames.run_evals(row["run"])
     res = run_result(steps, evals, Target("eval/openai/gsm8k/reward/mean@1", 0.4))
     # crossing between (0, 0.25) and (16, 0.5): N* = 16 x 0.15/0.25 = 9.6 samples;
-    # T = train_s at 9.6 on (0,0),(8,10),(16,22) = 10 + 1.6/8 x 12 = 12.4 s; q = 24/33
+    # T = train_s at 9.6 on (0,0),(8,10),(16,21.75) = 10 + 1.6/8 x 11.75 = 12.35 s (step 2's
+    # checkpoint save out); q = 24/32.75
     assert res["samples_to_target"] == pytest.approx(9.6)
-    assert res["time_to_target"] == pytest.approx(12.4)
-    assert res["throughput"] == pytest.approx(24 / 33)
+    assert res["time_to_target"] == pytest.approx(12.35)
+    assert res["throughput"] == pytest.approx(24 / 32.75)
 
 
 def test_verl_truncated_last_line_is_reported(tmp_path, capsys):
@@ -437,7 +440,7 @@ def test_verl_restart_replaces_relogged_steps_and_reward_key(tmp_path, capsys):
                       "critic/score/max"], capsys)
     run = read_run(out)
     assert col(run.steps, "step") == [1, 2, 3]
-    assert col(run.steps, "train_s") == [10.0, 22.0, 33.0]  # counted once, not twice
+    assert col(run.steps, "train_s") == [10.0, 21.75, 32.75]  # counted once, not twice
     assert col(run.steps, "reward/mean") == [1.0, 1.0, 1.0]  # --reward-key critic/score/max
     assert any("restart" in w for w in summary["ingest"]["warnings"])
 
@@ -448,6 +451,28 @@ def _verl_line(step: int, dt: float, length: float, val: float | None = None) ->
         data["val-core/x/reward/mean@1"] = val
         data["timing_s/testing"] = 0.5
     return json.dumps({"step": step, "data": data})
+
+
+def test_verl_checkpoint_saves_are_not_training_time(tmp_path, capsys):
+    """verl times a checkpoint save inside its `step` timer (verl-project/verl 1dda039,
+    verl/trainer/ppo/ray_trainer.py: `marked_timer("step")` at 1508 encloses
+    `marked_timer("save_checkpoint")` at 1711; `testing`, at 1730, is outside it). A save
+    step's timing_s/step less its save is its training time; the saves go to
+    summary.checkpoint_s. A save logged longer than its step (not nested) is left in."""
+    lines = [json.dumps({"step": s, "data": {"timing_s/step": 2.0, "response_length/mean": 5,
+                                             "critic/score/mean": 0.5,
+                                             **({"timing_s/save_checkpoint": 0.5}
+                                                if s in (2, 4) else {}),
+                                             **({"timing_s/save_checkpoint": 3.0}
+                                                if s == 5 else {})}})
+             for s in range(1, 6)]
+    path = tmp_path / "saves.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r"
+    summary = ingest(["verl", str(path), "--out", str(out), *PG], capsys)
+    run = read_run(out)
+    assert col(run.steps, "train_s") == [2.0, 3.5, 5.5, 7.0, 9.0]
+    assert summary["checkpoint_s"] == 4.0 and summary["train_s"] == 9.0
 
 
 def test_verl_two_restarts_roll_back_every_counter(tmp_path, capsys):

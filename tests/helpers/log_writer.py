@@ -36,6 +36,8 @@ Behaviour from the environment:
 - LOG_WRITER_SEED_JITTER: log each step's time as LOG_WRITER_STEP_S times exp(j x u), u in
   [-1, 1] fixed by `data.seed` (seeds of one configuration then differ in time to target,
   the same seed alike at every B), j the value given;
+- LOG_WRITER_SAVE_S: each checkpoint save takes this long and is timed as verl times it,
+  inside the step (`timing_s/save_checkpoint`, also counted in that step's `timing_s/step`);
 - LOG_WRITER_DAEMON: leave a daemon behind (LOG_WRITER_PIDS/daemon.pid): it forks away from
   a helper that exits, calls `setsid` and has an empty environment, so it is neither in the
   command's process group nor marked with its token.
@@ -154,6 +156,11 @@ def main(argv: list[str]) -> int:
         if step % test_freq == 0:
             renamed = rename_at and step >= rename_at
             data["val-core/x/score@1" if renamed else "val-core/x/reward/mean@1"] = step / total
+        save_s = float(os.environ.get("LOG_WRITER_SAVE_S", "0"))
+        if save_s and step % save_freq == 0:
+            time.sleep(save_s)
+            data["timing_s/save_checkpoint"] = save_s
+            data["timing_s/step"] = logged_s + save_s
         write(step, data)
         if chatter:
             sys.stdout.write(("." * 99 + "\n") * (chatter // 100))

@@ -32,7 +32,8 @@ TRAIN_S_SOURCE = {
     "trl": "TensorBoard event wall time since the attempt's writer opened (transformers "
            "opens it when training begins), less TRL's eval/runtime; checkpoint saves "
            "included",
-    "verl": "the cumulative sum of verl's own timing_s/step",
+    "verl": "the cumulative sum of verl's own timing_s/step, less timing_s/save_checkpoint "
+            "(timed inside it)",
     "openrlhf": "TensorBoard event wall time since the attempt's writer opened, less "
                 "evaluation time",
     "prime-rl": "prime-rl's logged time of each step, less the start of its first step",

@@ -191,6 +191,11 @@ def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
     dt = num(data["timing_s/step"])
     if dt is None:
         raise DataError(f"step {step}: timing_s/step is not a finite number", where=where)
+    # verl saves a checkpoint inside its `step` timer (verl-project/verl 1dda039,
+    # verl/trainer/ppo/ray_trainer.py 1508 and 1711; validation, 1730, is outside it):
+    # that I/O is not training, and it falls only on save steps, so it is taken out
+    save = num(data.get("timing_s/save_checkpoint")) or 0.0
+    dt = dt - save if 0.0 < save <= dt else dt
     state["train_s"] += dt
     row = {"step": step, "samples": step * b, "prompts": step * p}
     used = {"timing_s/step", *CRITIC_PHASES}
