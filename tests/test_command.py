@@ -503,7 +503,7 @@ def test_a_verl_trials_checkpoint_saves_are_not_training_time(tmp_path, capsys):
     (verl-project/verl 1dda039, ray_trainer.py 1508 and 1711): the trial's train_s is the
     steps' own 0.1 s each, the saves out of it (they were in it: train_s at step 20 was
     3.5 s, not 2.0)."""
-    code, out, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
+    code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
                                                LOG_WRITER_SAVE_S=0.3), "--json"], capsys)
     assert code == 0, err
     steps = read_jsonl(_run_dir(tmp_path) / "steps.jsonl")[0]
