@@ -384,6 +384,15 @@ def test_a_deleted_log_keeps_its_rows_and_the_run_says_it_ended_short(tmp_path, 
     assert any("hold no step, after 3 were read" in w for w in summary["command"]["warnings"])
 
 
+def _one_line_end(tmp_path: Path, capsys, code: int, **env) -> tuple[str, dict]:
+    """`rlbatch train` of the stand-in with `env`: it exits `code` with one line on stderr
+    (besides the progress lines); that line and the run's summary."""
+    got, _, err = run_cli(["train", _config(tmp_path, **env)], capsys)
+    lines = [x for x in err.strip().splitlines() if not x.startswith("stand-in: ")]
+    assert got == code and len(lines) == 1, err
+    return lines[0], read_json(_run_dir(tmp_path) / "summary.json")
+
+
 def test_a_command_whose_loss_turns_non_finite_is_diverged_not_slow(tmp_path, capsys):
     """The stand-in logs its loss and gradient norm as NaN from step 6 (a diverged update):
     the converter stores them as null ("measured, not finite"), and the run used to go on to
@@ -391,15 +400,12 @@ def test_a_command_whose_loss_turns_non_finite_is_diverged_not_slow(tmp_path, ca
     (3) such steps in a row, the run is `diverged`, its command is stopped, `rlbatch train`
     exits 3 with one line that says which values and from which step, and a warning names the
     first such step."""
-    code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.2,
-                                             LOG_WRITER_NAN_FROM=6)], capsys)
-    lines = [x for x in err.strip().splitlines() if not x.startswith("stand-in: ")]
-    assert code == 3 and len(lines) == 1, err
+    line, summary = _one_line_end(tmp_path, capsys, 3, LOG_WRITER_STEP_S=0.2,
+                                  LOG_WRITER_NAN_FROM=6)
     assert re.fullmatch(r"error: the run diverged: the command logged non-finite actor/loss, "
                         r"actor/grad_norm at \d+ consecutive steps \(6\.\.\d+; "
-                        r"nonfinite\.max_consecutive 3\)", lines[0]), lines[0]
-    summary = read_json(_run_dir(tmp_path) / "summary.json")
-    assert summary["status"] == "diverged" and summary["stop_reason"] == lines[0][len(
+                        r"nonfinite\.max_consecutive 3\)", line), line
+    assert summary["status"] == "diverged" and summary["stop_reason"] == line[len(
         "error: the run "):]
     assert 8 <= summary["steps"] < 20  # stopped once diverged, not run to its budget
     assert "step 6: the command logged actor/loss, actor/grad_norm non-finite (NaN or inf)" \
@@ -411,14 +417,11 @@ def test_a_target_metric_that_stops_being_logged_fails_the_run_in_one_line(tmp_p
     crossed: the run used to go on, never crossing, and a profile stopped it `no_crossing` as
     if it were slow. Now the third evaluation without the target metric fails the run with
     one line naming the metric, the last step that had it and what the evaluations log."""
-    code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
-                                             LOG_WRITER_RENAME_AT=8)], capsys)
-    lines = [x for x in err.strip().splitlines() if not x.startswith("stand-in: ")]
-    assert code == 2 and len(lines) == 1, err
+    line, summary = _one_line_end(tmp_path, capsys, 2, LOG_WRITER_STEP_S=0.1,
+                                  LOG_WRITER_RENAME_AT=8)
     assert re.search(r"stopped logging the target metric eval/x/reward/mean@1 "
                      r"\(target\.metric\): the last at step 6, none in the \d+ evaluations "
-                     r"since \(steps 8\.\.\d+; they log eval/x/score@1\)", lines[0]), lines[0]
-    summary = read_json(_run_dir(tmp_path) / "summary.json")
+                     r"since \(steps 8\.\.\d+; they log eval/x/score@1\)", line), line
     assert summary["status"] == "failed" and summary["steps"] < 20
 
 
