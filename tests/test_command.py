@@ -445,6 +445,11 @@ def test_non_finite_steps_and_a_lost_target_are_read_from_the_rows():
     assert target_lost([*evals, {"step": 8}], m) == (
         "stopped logging the target metric eval/acc (target.metric): the last at step 2, none "
         "in the 3 evaluations since (steps 4..8; they log eval/other)")
+    # evaluation sets logged apart, three rows within one interval: not taken for a loss
+    apart = [{"step": 0, "samples": 0, m: 0.1}] + [{"step": 2, "samples": 64, "eval/b": 1.0}] * 3
+    assert target_lost(apart, m, every=64) is None
+    assert target_lost([*apart, {"step": 4, "samples": 128}], m, every=64) is None
+    assert target_lost([*apart, {"step": 6, "samples": 192}], m, every=64) is not None
     assert target_lost(evals[2:] + [{"step": 8}], m).startswith(
         "logged no target metric eval/acc (target.metric) in its 3 evaluations (steps 4..8")
 

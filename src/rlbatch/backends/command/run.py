@@ -283,13 +283,17 @@ def nonfinite_evals(evals: list, metric: str) -> list[int]:
     return [r["step"] for r in evals if metric in r and r[metric] is None]
 
 
-def target_lost(evals: list, metric: str) -> str | None:
+def target_lost(evals: list, metric: str, every: int = 0) -> str | None:
     """Why the run can no longer be judged, or None: the last TARGET_LOST_AFTER evaluations
-    lack the target metric (renamed, or never logged under that name), so a crossing can no
+    lack the target metric (renamed, or never logged under that name), and they span at
+    least TARGET_LOST_AFTER - 1 evaluation intervals (`every` samples: rows of a framework
+    that logs several evaluation sets apart are not mistaken for it), so a crossing can no
     longer be seen and the run would read as one that did not cross."""
     had = [i for i, r in enumerate(evals) if metric in r]
     since = evals[had[-1] + 1:] if had else evals
-    if len(since) < TARGET_LOST_AFTER:
+    if len(since) < TARGET_LOST_AFTER or (
+            since[-1].get("samples", 0) - since[0].get("samples", 0)
+            < (TARGET_LOST_AFTER - 1) * every):
         return None
     keys = sorted({k for r in since for k in r if k.startswith("eval/")})[:6]
     logs = f"they log {', '.join(keys)}" if keys else "they log no eval/ key"
@@ -436,7 +440,8 @@ class CommandRun:
         if changed:
             self._write(steps, evals)
             self._count(steps, evals)
-            if (why := target_lost(evals, self.cfg.target.metric)) is not None:
+            if (why := target_lost(evals, self.cfg.target.metric,
+                                   self.cfg.eval.every_samples)) is not None:
                 stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
                 raise self._failed(why)
         self.state.update_status()
