@@ -37,7 +37,9 @@ Behaviour from the environment:
   [-1, 1] fixed by `data.seed` (seeds of one configuration then differ in time to target,
   the same seed alike at every B), j the value given;
 - LOG_WRITER_SAVE_S: each checkpoint save takes this long and is timed as verl times it,
-  inside the step (`timing_s/save_checkpoint`, also counted in that step's `timing_s/step`);
+  inside the step (`timing_s/save_checkpoint`, also counted in that step's `timing_s/step`:
+  verl-project/verl 1dda039, verl/trainer/ppo/ray_trainer.py, `marked_timer("step")` at
+  1508 encloses `marked_timer("save_checkpoint")` at 1711);
 - LOG_WRITER_DAEMON: leave a daemon behind (LOG_WRITER_PIDS/daemon.pid): it forks away from
   a helper that exits, calls `setsid` and has an empty environment, so it is neither in the
   command's process group nor marked with its token.

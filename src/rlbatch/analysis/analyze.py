@@ -135,11 +135,9 @@ def _compare(fits: dict, groups: dict, a: str, b: str, ci: float,
     `larger`: whichever of the two has the larger standard error of the log T ratio (where
     one has none, the other)."""
     pooled = fits[a] if fits[a] is fits[b] else None
-    pair = stats.fit_sweep([groups[a], groups[b]]) if spread != "pooled" or pooled is None \
-        else None
-    if spread == "pooled" or pair is None:
-        return stats.compare(pooled or pair, a, b, ci)
-    by_pair = stats.compare(pair, a, b, ci)
+    if spread == "pooled" and pooled is not None:
+        return stats.compare(pooled, a, b, ci)
+    by_pair = stats.compare(stats.fit_sweep([groups[a], groups[b]]), a, b, ci)
     if spread == "pair" or pooled is None:
         return by_pair
     by_pool = stats.compare(pooled, a, b, ci)
@@ -291,10 +289,10 @@ def _recommend(entries: list[dict], ref_id: str, statistic: str, alpha: float,
                ci: float, spread: str = "pair") -> dict | None:
     ref = next(e for e in entries if e["config"] == ref_id)
     adjusted = selection.family_confidence(entries, ref)
+    m = len(selection.family(entries, ref)) - 1
     for e in entries:
         if e is not ref and e.get("vs_reference"):
-            e["vs_reference"]["p_faster_family"] = adjusted.get(e["config"])
-            e["vs_reference"]["family_size"] = len(selection.family(entries, ref)) - 1
+            e["vs_reference"].update(p_faster_family=adjusted.get(e["config"]), family_size=m)
     rec = selection.recommend(entries, ref_id, alpha, ci)
     if rec is not None:
         rec["statistic"] = STATISTICS[statistic]

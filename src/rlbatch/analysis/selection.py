@@ -107,17 +107,23 @@ def eligible(e: dict) -> bool:
             and e["time_to_target"] is not None)
 
 
+def _holm_order(entries: list[dict], ref: dict) -> tuple[int, list[dict]]:
+    """m, the family's candidates (the ones with a single seed included), and the eligible
+    ones in Holm's order: the smallest one-sided p-value (1 - p_faster) first."""
+    cands = [e for e in family(entries, ref) if e is not ref]
+    return len(cands), sorted((e for e in cands if eligible(e)),
+                              key=lambda e: (1.0 - _p_faster(e), e["config"]))
+
+
 def shown_faster(entries: list[dict], ref: dict, alpha: float = DEFAULT_ALPHA) -> list[dict]:
     """The family candidates whose T advantage holds by Holm's step-down at one-sided level
     `alpha` over every candidate of the family, the ones with a single seed included: a
     profile confirms the luckiest of its screened candidates, and counting all of them keeps
     the chance of recommending any configuration that is not faster at most alpha."""
-    cands = [e for e in family(entries, ref) if e is not ref]
-    pool = sorted((e for e in cands if eligible(e)),
-                  key=lambda e: (1.0 - _p_faster(e), e["config"]))
+    m, pool = _holm_order(entries, ref)
     out = []
     for i, e in enumerate(pool):
-        if 1.0 - _p_faster(e) > alpha / (len(cands) - i):
+        if 1.0 - _p_faster(e) > alpha / (m - i):
             break
         out.append(e)
     return out
@@ -129,9 +135,7 @@ def family_confidence(entries: list[dict], ref: dict) -> dict[str, float]:
     faster allowing for the other candidates compared. `shown_faster` holds exactly the
     candidates whose value is at least 1 - alpha. Like `p_faster` (1 - the unadjusted
     p-value), a confidence, not the probability that the candidate is faster."""
-    m = len([e for e in family(entries, ref) if e is not ref])
-    pool = sorted((e for e in family(entries, ref) if e is not ref and eligible(e)),
-                  key=lambda e: (1.0 - _p_faster(e), e["config"]))
+    m, pool = _holm_order(entries, ref)
     out, worst = {}, 0.0
     for i, e in enumerate(pool):
         worst = max(worst, min(1.0, (m - i) * (1.0 - _p_faster(e))))

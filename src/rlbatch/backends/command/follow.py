@@ -271,15 +271,19 @@ def _token_offset(kept: list, new_steps: list) -> int | None:
 
 
 def _shift(row: dict, offset: float, tokens: int | None = 0) -> dict:
-    out = row
-    if offset and row.get("train_s") is not None:
-        out = {**out, "train_s": row["train_s"] + offset}
-    if "tokens" in row and row["tokens"] is not None and tokens != 0:
-        out = {**out}
-        if tokens is None:
-            del out["tokens"]
-        else:
-            out["tokens"] = row["tokens"] + tokens
+    """`row` with `offset` added to its train_s and `tokens` to its tokens (None: its tokens
+    dropped); the row itself where neither applies."""
+    shift_s = bool(offset) and row.get("train_s") is not None
+    shift_tokens = tokens != 0 and row.get("tokens") is not None
+    if not (shift_s or shift_tokens):
+        return row
+    out = dict(row)
+    if shift_s:
+        out["train_s"] += offset
+    if shift_tokens and tokens is None:
+        del out["tokens"]
+    elif shift_tokens:
+        out["tokens"] += tokens
     return out
 
 
