@@ -8,16 +8,18 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned to the local CPU wheel: a bare requirement pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev,trl,ray]'
-	# verl's Hydra config and OpenRLHF's argument parser, only to check the settings rlbatch
-	# emits against them (tests/test_framework_keys.py): files, never imported. --no-deps, so
-	# neither can replace torch or pull its GPU stack.
-	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
+	# verl's Hydra config and validate_config, OpenRLHF's argument parser and checks, and the
+	# pure-Python modules their config code imports, only to check the commands rlbatch runs
+	# against them (tests/test_framework_keys.py, tests/test_walkthroughs.py). --no-deps, so
+	# none can replace torch or pull a GPU stack.
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2 tensordict==0.15.3 \
+		pyvers==0.2.3 codetiming==1.4.0 orjson==3.13.0 pylatexenc==2.11
 	touch $(STAMP)
 
 # The main job on the built-in default: the profile procedure on the tiny model (~4 min on 2

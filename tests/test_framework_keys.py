@@ -10,7 +10,8 @@ against the framework itself, so that a renamed key fails here and not in a user
   the source file that defines it.
 
 `make setup` installs verl and OpenRLHF without their dependencies (`pip install --no-deps`,
-so they cannot replace torch), only for these files: neither is imported.
+so they cannot replace torch); these tests read their files (tests/test_walkthroughs.py runs
+their own checks).
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def walkthrough_configs() -> dict[str, str]:
         title, body = section.split("\n", 1)
         body = body.split("\n### ", 1)[0].split("\n## ", 1)[0]
         m = re.search(r"```yaml\n(.*?)```", body, re.DOTALL) or \
-            re.search(r"<<'YAML'\n(.*?)\nYAML\n", body, re.DOTALL)
+            re.search(r"<<'?YAML'?[^\n]*\n(.*?)\nYAML\n", body, re.DOTALL)
         assert m, f"walk-through {title!r} holds no config"
         out[title] = m.group(1)
     return out

@@ -66,9 +66,14 @@ def _what_train_checks(cfg) -> list[str]:
 
     if cfg.backend == "command":  # the command's own model, data and reward: its program
         from rlbatch.backends.command.run import check_command
+        from rlbatch.profile.trials import profile_prompts
 
         try:
-            check_command(cfg)
+            try:  # a profile's trials, where the config can be profiled
+                prompts = profile_prompts(cfg)
+            except UserError:
+                prompts = None
+            check_command(cfg, prompts)
         except UserError as exc:
             return [str(exc)]
         return []

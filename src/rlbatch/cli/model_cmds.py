@@ -21,6 +21,8 @@ def build(
     force: bool = typer.Option(False, "--force", help="rebuild even if cached"),
     as_json: bool = typer.Option(False, "--json", help="print the model's path and build "
                                  "record as JSON"),
+    path_only: bool = typer.Option(False, "--path", help="print only the model's folder "
+                                   "(for a shell variable: MODEL=$(rlbatch model build --path))"),
     random: bool = typer.Option(False, "--random", help="a randomly initialized Llama for "
                                 "throughput figures only (no SFT, no download)"),
     size: str = typer.Option(None, help="with --random: tiny | 0.5b (default tiny)"),
@@ -33,6 +35,10 @@ def build(
     """Build the tiny Llama model + tokenizer offline and warm-start it on the task by SFT
     until held-out accuracy is in the warm-start band; print parameters, time, accuracy.
     With --random: build a random model of --size or --layout instead (throughput only)."""
+    if random and path_only:
+        from rlbatch.core.errors import ConfigError
+
+        raise ConfigError("--path: for the tiny model only; with --random use --json")
     if random:
         _build_random(size, layout, dtype, seed, out, force, as_json)
         return
@@ -40,10 +46,10 @@ def build(
         from rlbatch.core.errors import ConfigError
 
         raise ConfigError("--size, --layout and --out need --random")
-    _build_tiny(task, digits, force, as_json)
+    _build_tiny(task, digits, force, "path" if path_only else "json" if as_json else "text")
 
 
-def _build_tiny(task: str, digits: int | None, force: bool, as_json: bool) -> None:
+def _build_tiny(task: str, digits: int | None, force: bool, show: str) -> None:
     """`rlbatch model build` without --random: the warm-started tiny model of `task`."""
     import shutil
 
@@ -71,7 +77,10 @@ def _build_tiny(task: str, digits: int | None, force: bool, as_json: bool) -> No
            "eval_prompts": facts["eval_prompts"], "in_band": facts["in_band"],
            "band": [recipe.band_low, recipe.band_high],
            "position_accuracy": facts["position_accuracy_1024"]}
-    if as_json:
+    if show == "path":
+        print(path)
+        return
+    if show == "json":
         print_json(out)
         return
     print(f"model: {path}{' (cached)' if cached else ''}\n"

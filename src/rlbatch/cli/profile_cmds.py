@@ -158,10 +158,15 @@ def _check_before_writing(cfg, executor: str, trial_gpus: float) -> None:
     from rlbatch.profile import executors
 
     executors.check_trial_gpus(executor, trial_gpus, cfg)
-    if cfg.backend == "command" and executor == "local":
-        from rlbatch.backends.command.run import check_command
+    if cfg.backend != "command":
+        return
+    from rlbatch.backends.command.run import check_command, check_openrlhf_eval_set
+    from rlbatch.profile.trials import profile_prompts
 
-        check_command(cfg)
+    if executor == "local":
+        check_command(cfg, profile_prompts(cfg))
+    elif cfg.command.framework == "openrlhf":  # the evaluation set, where it is seen here
+        check_openrlhf_eval_set(cfg, cfg.command.workdir or ".", profile_prompts(cfg))
 
 
 def baseline_failed(doc: dict) -> bool:

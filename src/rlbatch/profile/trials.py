@@ -58,6 +58,14 @@ def baseline_prompts(cfg: Config) -> int:
     return o.reference_sequences // g
 
 
+def profile_prompts(cfg: Config) -> set[int]:
+    """The P of every trial a profile of `cfg` plans: the baseline, the candidates and the
+    fixed-LR control (what `plan_trials` runs, schedules aside)."""
+    p0 = baseline_prompts(cfg)
+    return {p0, *cfg.profile.prompts_per_step} | ({2 * p0} if cfg.profile.fixed_lr_control
+                                                  else set())
+
+
 def trial_config(cfg: Config, *, prompts: int, seed: int, rule: str, concurrency: int,
                  runs_dir: Path, checkpoint_every: int, eval_every: int | None = None,
                  schedule: dict | None = None) -> Config:

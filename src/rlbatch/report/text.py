@@ -8,8 +8,10 @@ CAPTIONS = {
     "invariance_samples": "Mean across seeds (line) and the seeds' min-max band, against "
     "cumulative samples. With eta(B) = eta0 sqrt(B/B0), aligned configurations lie on the "
     "reference's curve (the thick line); the dashed line is the target.",
-    "invariance_time": "The same curves against training seconds (evaluation and "
-    "checkpointing excluded): the configuration that crosses the target first wins.",
+    "invariance_time": "The same curves against training seconds (evaluation excluded; "
+    "checkpoint saves excluded by the built-in trainer and for verl, included for TRL, "
+    "OpenRLHF and prime-rl, whose logs do not time them apart: docs/integrations.md, 'What "
+    "rlbatch measures, per framework'): the configuration that crosses the target first wins.",
     "scaling": "Geometric means across seeds with their intervals; a triangle marks a "
     "censored estimate (the configuration's runs did not reach the target: '> bound').",
     "decision_rule": "T = N*/q: a candidate beats the reference only above the diagonal "

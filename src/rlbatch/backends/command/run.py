@@ -18,6 +18,7 @@ PR_SET_PDEATHSIG), and a later attempt first stops whatever of an earlier one st
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -68,9 +69,11 @@ def trial_spec(cfg: Config):
         num_processes=c.num_processes, per_device_batch=c.per_device_batch, sets=sets)
 
 
-def check_command(cfg: Config) -> None:
-    """The program and working directory exist: one line naming `command.argv` or
-    `command.workdir` otherwise (before any run directory is made)."""
+def check_command(cfg: Config, prompts: set[int] | None = None) -> None:
+    """The program and working directory exist, and the model and evaluation set it names
+    can be used: one line naming `command.argv` or `command.workdir` otherwise (before any
+    run directory is made). `prompts`: the P of every trial to be run (this run's own P by
+    default)."""
     c = cfg.command
     if c.workdir is not None and not Path(c.workdir).is_dir():
         raise ConfigError(f"command.workdir: {c.workdir} is not a folder")
@@ -86,6 +89,73 @@ def check_command(cfg: Config) -> None:
     if not found:
         raise ConfigError(f"command.argv[0]: '{program}' is not an executable program on "
                           f"{search} (or relative to {where})")
+    check_model_path(c.framework, c.argv, where)
+    if c.framework == "openrlhf":
+        check_openrlhf_eval_set(cfg, where, prompts or {cfg.batch.prompts_per_step})
+
+
+MODEL_FLAGS = {"trl": "--model_name_or_path", "openrlhf": "--actor.model_name_or_path",
+               "verl": "actor_rollout_ref.model.path"}
+
+
+def check_model_path(framework: str, argv: list[str], where: str) -> None:
+    """A model given as a local path (starting with /, . or ~) or as an unexpanded shell
+    variable is a folder that exists where the command runs: otherwise the framework takes
+    it for a hub name and fails much later on a download that never names it. A hub name
+    (org/name) is the framework's business."""
+    flag = MODEL_FLAGS.get(framework)
+    if flag is None:
+        return
+    values = [b for a, b in itertools.pairwise(argv) if a == flag] + \
+        [w.split("=", 1)[1] for w in argv if w.startswith(flag + "=")]
+    for value in values:
+        local = value.startswith(("/", ".", "~")) or "$" in value
+        if local and not Path(where, os.path.expanduser(value)).is_dir():
+            raise ConfigError(f"command.argv: {flag} {value}: no such model folder (relative "
+                              f"to {where}); give a local checkpoint's folder, e.g. "
+                              "MODEL=$(rlbatch model build --path) for the built-in model")
+
+
+def _count_prompts(value: str, where: str) -> int | None:
+    """Prompts in `--eval.dataset` (comma-separated parts, each `path[@split]`) when every
+    part is a local .jsonl or .json file; None when any part cannot be counted here."""
+    total = 0
+    for part in value.split(","):
+        file = Path(where, os.path.expanduser(part.split("@", 1)[0]))
+        if not file.is_file() or file.suffix not in (".jsonl", ".json"):
+            return None
+        text = file.read_text(errors="replace")
+        if file.suffix == ".jsonl":
+            total += sum(1 for line in text.splitlines() if line.strip())
+        else:
+            try:
+                total += len(json.loads(text))
+            except (ValueError, TypeError):
+                return None
+    return total
+
+
+def check_openrlhf_eval_set(cfg: Config, where: str, prompts: set[int]) -> None:
+    """OpenRLHF cuts its evaluation set to `--data.max_samples` prompts
+    (openrlhf/trainer/ppo_trainer.py, `prepare_datasets`, at 3c3be62), the flag that also
+    bounds the run and that rlbatch sets per trial to its steps x P. An evaluation set larger
+    than the smallest such cut of the profile's trials would be a different set per trial:
+    refused in one line, with the budget that keeps it whole."""
+    import math
+
+    argv = cfg.command.argv
+    values = [b for a, b in itertools.pairwise(argv) if a == "--eval.dataset"]
+    n = _count_prompts(values[-1], where) if values else None
+    if not n:
+        return
+    g, budget = cfg.batch.samples_per_prompt, cfg.budget.max_samples
+    cut, p = min((math.ceil(budget / (p * g)) * p, p) for p in prompts)
+    if n > cut:
+        raise ConfigError(
+            f"command.argv: --eval.dataset {values[-1]}: {n:,} prompts, more than the {cut:,} "
+            f"OpenRLHF keeps of it in the trial with P = {p} (it cuts the evaluation set at "
+            "--data.max_samples, which rlbatch sets from budget.max_samples): use at most "
+            f"{cut:,} prompts, or set budget.max_samples to at least {n * g:,}")
 
 
 ROWS_FILE = "rows.json"  # an ended attempt's rows (follow.py, Follower.freeze)
