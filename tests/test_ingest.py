@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import prime_rl_log
+from helpers import openrlhf_log, prime_rl_log
 from helpers.cli import run_cli
 from rlbatch.analysis.crossing import Target, run_result
 from rlbatch.analysis.runs import load_runs
@@ -509,3 +509,54 @@ def test_row_spool_rewind_and_rewrite(tmp_path):
     spool.rewrite(lambda r: {**r, "samples": r["samples"] + 1})
     assert [(r["step"], r["samples"]) for r in spool] == [(1, 9), (2, 17), (3, 25), (4, 41)]
     assert spool.rewind(1) == 4 and not spool and spool.last is None
+
+
+# ------------------------------------------- OpenRLHF as it writes (tests/helpers/openrlhf_log.py)
+def _openrlhf_rows(folders_and_resumes: list) -> tuple[list, list]:
+    """The rows rlbatch follows from OpenRLHF attempts: (TensorBoard folder, the checkpoint
+    step the attempt continued from, -1 for a fresh start)."""
+    from rlbatch.backends.command.follow import Attempt, Follower
+
+    follower = Follower("openrlhf", IngestOptions(prompts_per_step=4, samples_per_prompt=2))
+    steps, evals, _ = follower.read([Attempt(i, folder, False, resume)
+                                     for i, (folder, resume) in enumerate(folders_and_resumes, 1)])
+    return steps, evals
+
+
+def test_openrlhf_train_s_is_its_own_step_time_without_startup_saves_or_evaluations(tmp_path):
+    """OpenRLHF's writer opens before the models load, and checkpoint saves, evaluations and
+    "best" checkpoints come between steps (helpers/openrlhf_log.py): train_s is the sum of
+    its own timing/step_total, 6.5 s a step here, not the 40 s start-up and the saves."""
+    from rlbatch.interop.ingest.openrlhf import TIMED
+
+    folder = openrlhf_log.write(tmp_path / "tb", openrlhf_log.Attempt(opened=1000.0))
+    conv = convert("openrlhf", folder, IngestOptions(prompts_per_step=4, samples_per_prompt=2))
+    assert col(conv.steps, "train_s") == [6.5 * k for k in range(1, 7)]
+    assert col(conv.steps, "samples") == [8 * k for k in range(1, 7)]
+    assert [(e["step"], e["train_s"], e["eval/eval_math_pass1"]) for e in conv.evals] == \
+        [(2, 13.0, pytest.approx(0.2)), (4, 26.0, pytest.approx(0.4)),
+         (6, 39.0, pytest.approx(0.6))]
+    assert conv.summary_extra["train_s_source"] == TIMED
+
+
+@pytest.mark.parametrize("killed", ["before the first checkpoint", "inside a checkpoint save",
+                                    "inside an evaluation"])
+def test_a_killed_openrlhf_run_resumes_to_the_rows_of_the_uninterrupted_one(killed, tmp_path):
+    """A kill at each point of OpenRLHF's step (helpers/openrlhf_log.py), then an attempt that
+    resumes from the newest complete checkpoint with a new writer and its own start-up: the
+    rows rlbatch follows are the uninterrupted run's, except an evaluation the kill ended
+    before it was logged, which OpenRLHF does not run again."""
+    A = openrlhf_log.Attempt
+    whole = _openrlhf_rows([(openrlhf_log.write(tmp_path / "whole", A(opened=0.0)), -1)])
+    first, resume, lost = {
+        "before the first checkpoint": (A(opened=0.0, last_step=1, killed_after_train=True), -1,
+                                        None),
+        "inside a checkpoint save": (A(opened=0.0, last_step=4, killed_after_train=True), 2,
+                                     None),
+        "inside an evaluation": (A(opened=0.0, last_step=4, killed_after_train=True), 4, 4),
+    }[killed]
+    second = A(opened=500.0, first_step=resume + 1 if resume > 0 else 1)
+    steps, evals = _openrlhf_rows([(openrlhf_log.write(tmp_path / "a1", first), -1),
+                                   (openrlhf_log.write(tmp_path / "a2", second), resume)])
+    assert steps == whole[0]
+    assert evals == [e for e in whole[1] if e["step"] != lost]

@@ -34,8 +34,9 @@ TRAIN_S_SOURCE = {
            "included",
     "verl": "the cumulative sum of verl's own timing_s/step, less timing_s/save_checkpoint "
             "(timed inside it)",
-    "openrlhf": "TensorBoard event wall time since the attempt's writer opened, less "
-                "evaluation time",
+    "openrlhf": "the cumulative sum of OpenRLHF's timing/step_total (start-up, checkpoint "
+                "saves and evaluations left out); in logs without it, TensorBoard event wall "
+                "time since the attempt's writer opened, less evaluation time",
     "prime-rl": "prime-rl's logged time of each step, less the start of its first step",
     "rlbatch": "the run's own train_s (rlbatch train's phase timers)",
 }

@@ -3,11 +3,15 @@
 Reads the `train/<key>` and `eval/<key>` scalars that OpenRLHF's PPO trainer writes once per
 rollout step (openrlhf/trainer/ppo_trainer.py `save_logs_and_checkpoints`), and the flags of
 its launch script (openrlhf/cli/train_ppo_ray.py) in both spellings: flat up to release
-0.10.1, dotted from 0.10.2. The logs have no phase timers: samples = step x P x G, and
-train_s is event wall time less evaluation time. Deviation: start-up and checkpoint time
-stay in train_s (no timer separates them). Keys, units and flags: docs/design.md,
-"Module notes".
+0.10.1, dotted from 0.10.2. samples = step x P x G. train_s is the cumulative sum of
+OpenRLHF's own `timing/step_total` (generation, experience making, PPO update and weight
+broadcast of each step: ppo_trainer.py `fit` and `train_step`, 3c3be62), which leaves out
+start-up (the TensorBoard writer opens before the models load: train_ppo_ray.py `train`),
+checkpoint saves and evaluations. Logs without it (before 2026-03) fall back to event wall
+time less evaluation time, start-up and checkpoint time included. Keys, units and flags:
+docs/design.md, "Module notes".
 """
+
 
 from __future__ import annotations
 
@@ -16,6 +20,16 @@ from pathlib import Path
 from rlbatch.interop.ingest.common import FrameworkConfig, Settings, as_float, as_int, shell_tokens
 from rlbatch.interop.ingest.logs import extras, map_metrics, num, read_tensorboard, tb_step_records
 from rlbatch.interop.ingest.writer import Converted, token_count
+
+STEP_TOTAL = "timing/step_total"
+TIMED = "the cumulative sum of OpenRLHF's timing/step_total"
+UNTIMED = "event wall time since the writer opened, minus measured evaluation time"
+
+
+def timed(train: list) -> bool:
+    """Every step logs OpenRLHF's own step time (its logs since 2026-03)."""
+    return bool(train) and all(num(d.get(STEP_TOTAL)) is not None for _, d, _ in train)
+
 
 ROLLOUT, N, TRAIN = "--rollout_batch_size", "--n_samples_per_prompt", "--train_batch_size"
 MICRO, LR, CRITIC_LR = "--micro_train_batch_size", "--actor_learning_rate", "--critic_learning_rate"
@@ -109,6 +123,7 @@ def _step_rows(train: list, evals: dict, batch: tuple, origin: float, algorithm:
     """Training rows and the total evaluation seconds subtracted from train_s."""
     p, b = batch
     rows, eval_s, tokens = [], 0.0, 0
+    own, total = timed(train), 0.0
     metrics = dict(STEP_METRICS)
     if reward_key:
         metrics["reward/mean"] = (reward_key,)
@@ -120,7 +135,8 @@ def _step_rows(train: list, evals: dict, batch: tuple, origin: float, algorithm:
             mean_len, b, "train/response_length", step, where)
         if tokens is not None:
             row["tokens"] = tokens
-        row["train_s"] = wall - origin - eval_s
+        total += num(data[STEP_TOTAL]) if own else 0.0
+        row["train_s"] = total if own else wall - origin - eval_s
         row.update(map_metrics(data, metrics, used))
         if algorithm == "grpo":
             row["time/critic_update"] = 0.0
@@ -155,8 +171,7 @@ def convert(path: Path, res) -> Converted:
                           **{k: num(v) for k, v in data.items()}})
     warnings = list(tb.warnings)
     config = build_config(res, algorithm, max_logged(steps, "actor/lr"), warnings)
-    extra = {"eval_s": eval_s, "train_s_source": "event wall time since the writer opened, "
-                                                 "minus measured evaluation time"}
+    extra = {"eval_s": eval_s, "train_s_source": TIMED if timed(train) else UNTIMED}
     if steps:
         extra["first_step_s"] = steps[0]["train_s"]
     return Converted("openrlhf", list(tb.files), steps, eval_rows, config, res.seed, warnings,
