@@ -560,3 +560,41 @@ def test_a_killed_openrlhf_run_resumes_to_the_rows_of_the_uninterrupted_one(kill
                                    (openrlhf_log.write(tmp_path / "a2", second), resume)])
     assert steps == whole[0]
     assert evals == [e for e in whole[1] if e["step"] != lost]
+
+
+def test_a_trl_attempt_that_ignores_its_checkpoint_fails_the_run_in_one_line(tmp_path):
+    """`trl grpo` resumes only from trl 1.16, which passes --resume_from_checkpoint on to
+    `trainer.train` (trl/scripts/grpo.py:150 in 1.16.0): an older trl given a checkpoint logs
+    step 1 again. For TRL that is the version, not a damaged checkpoint, and every resume
+    would redo the run: the attempt fails in one line naming the version to install (other
+    frameworks' restarts replace the rows with a warning: test_command)."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from rlbatch.backends.command.follow import Attempt, Follower
+    from rlbatch.backends.command.run import CommandRun
+
+    spec = importlib.util.spec_from_file_location("make_tb", FIX / "make_tb_fixtures.py")
+    make_tb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_tb)
+
+    def attempt(folder, first, last, opened):
+        make_tb._write(folder, opened, [
+            (tag, value, step, opened + step) for step in range(first, last + 1)
+            for tag, value in (("train/loss", 0.1), ("train/reward", 0.1 * step))])
+        return folder
+
+    follower = Follower("trl", IngestOptions(prompts_per_step=4, samples_per_prompt=2,
+                                             updates_per_step=1))
+    attempts = [Attempt(1, attempt(tmp_path / "a1", 1, 5, 0.0), False, -1),
+                Attempt(2, attempt(tmp_path / "a2", 1, 3, 100.0), False, 4)]
+    follower.read(attempts)
+    assert follower.restarts == [(2, 4, 1)]
+    run = SimpleNamespace(cfg=SimpleNamespace(command=SimpleNamespace(framework="trl")),
+                          follower=follower)
+    assert CommandRun._ignored_checkpoint(run) == (
+        "attempt 2 was given TRL's checkpoint at step 4 but logged step 1 again: this trl "
+        "does not resume (`trl grpo` passes --resume_from_checkpoint to trainer.train from "
+        "trl 1.16); install trl>=1.16,<2, the version rlbatch[trl] pins")
+    run.cfg.command.framework = "verl"
+    assert CommandRun._ignored_checkpoint(run) is None

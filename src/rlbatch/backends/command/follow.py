@@ -103,6 +103,7 @@ class Follower:
         self.conversions = 0  # reads that converted (a log had changed)
         self.cpu_s = 0.0  # CPU seconds of every read, in all
         self.last_cost_s = 0.0  # CPU seconds of the last read
+        self.restarts: list[tuple[int, int, int]] = []  # (attempt, its checkpoint, 1st step)
 
     def read(self, attempts: list[Attempt]) -> tuple[list, list, bool]:
         """(step rows, evaluation rows, whether anything changed since the last read)."""
@@ -138,6 +139,7 @@ class Follower:
                         "attempts' rows and time are not counted)")
                 if note not in self.warnings:
                     self.warnings.append(note)
+                    self.restarts.append((a.number, a.resume_step, new_steps[0]["step"]))
             steps, evals = join(steps, evals, new_steps, new_evals, resume)
         self._rows = (steps, evals)
         return steps, evals, True

@@ -508,6 +508,9 @@ class CommandRun:
             stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
             raise self._failed(f"its log cannot be read: {exc}") from None
         if changed:
+            if (why := self._ignored_checkpoint()) is not None:
+                stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
+                raise self._failed(why)
             self._write(steps, evals)
             self._count(steps, evals)
             if (why := target_lost(evals, self.cfg.target.metric,
@@ -516,6 +519,20 @@ class CommandRun:
                 raise self._failed(why)
         self.state.update_status()
         return changed
+
+    def _ignored_checkpoint(self) -> str | None:
+        """TRL resumes only where `trl grpo` passes `--resume_from_checkpoint` on to
+        `trainer.train` (trl/scripts/grpo.py, from trl 1.16): an attempt of an older trl that
+        was given a checkpoint and started over would redo every step on each resume, so it
+        fails in one line instead (other frameworks' restarts replace the rows, with a
+        warning)."""
+        if self.cfg.command.framework != "trl" or not self.follower.restarts:
+            return None
+        number, ckpt, first = self.follower.restarts[0]
+        return (f"attempt {number} was given TRL's checkpoint at step {ckpt} but logged step "
+                f"{first} again: this trl does not resume (`trl grpo` passes "
+                "--resume_from_checkpoint to trainer.train from trl 1.16); install "
+                "trl>=1.16,<2, the version rlbatch[trl] pins")
 
     def _write(self, steps: list, evals: list) -> None:
         """Append the new rows; rewrite both logs when earlier rows changed (an attempt that
