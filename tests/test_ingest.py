@@ -423,6 +423,23 @@ def test_prime_rl_kill_in_the_checkpoint_window_resumes_to_the_uninterrupted_row
     assert any("step 5 logged again (restart)" in w for w in run.summary["ingest"]["warnings"])
 
 
+def test_prime_rl_samples_are_the_trained_batch_not_every_arrival(tmp_path, capsys):
+    """prime-rl counts a step's whole arrival window in `progress/rollouts`, groups it voided
+    (stale, errored) included, and trains on the batch of B admitted rollouts it cuts
+    (tests/helpers/prime_rl_log.py, `voided`): with B known, samples are step x B, as for
+    every other framework, and the arrivals are kept as `prime-rl/rollouts_arrived`."""
+    path = prime_rl_log.write(tmp_path / "m" / "metrics.jsonl",
+                              prime_rl_log.attempt_lines(8, batch=16, group=4, voided=4))
+    out = tmp_path / "run"
+    ingest(["prime-rl", str(path), "--out", str(out), "--prompts-per-step", "4",
+            "--samples-per-prompt", "4"], capsys)
+    run = read_run(out)
+    assert col(run.steps, "samples") == [16 * s for s in range(1, 9)]
+    assert col(run.steps, "prompts") == [4 * s for s in range(1, 9)]
+    assert col(run.steps, "prime-rl/rollouts_arrived") == [20 * s for s in range(1, 9)]
+    assert [e["samples"] for e in run.evals] == [0, 16, 80]  # dated by policy, on step x B
+
+
 def test_unknown_framework(tmp_path, capsys):
     code, _, err = run_cli(["ingest", "deepspeed-chat", str(FIX), "--out", str(tmp_path / "o")],
                            capsys)

@@ -38,10 +38,11 @@ def accuracy(version: int) -> float:
     return round(0.20 + 0.01 * version, 6)
 
 
-def _orchestrator(step: int, t: float, batch: int, group: int) -> dict:
-    return {"step": step, "time": t, "progress/rollouts": batch,
-            "progress/tasks": batch // group, "progress/total_rollouts": batch * (step - 1),
-            "progress/total_tasks": batch // group * (step - 1),
+def _orchestrator(step: int, t: float, batch: int, group: int, voided: int = 0) -> dict:
+    arrived = batch + voided  # the arrival window: the shipped batch and the voided groups
+    return {"step": step, "time": t, "progress/rollouts": arrived,
+            "progress/tasks": arrived // group, "progress/total_rollouts": arrived * (step - 1),
+            "progress/total_tasks": arrived // group * (step - 1),
             "progress/output_tokens": 50 * batch, "time/step": 2.0, "time/pack": 0.01,
             "time/save_ckpt": 0.0, "train/agg/all/agent/reward/mean": round(0.1 + 0.01 * step, 6)}
 
@@ -64,10 +65,13 @@ def _eval(trigger: int, version: int, t: float) -> dict:
 
 def attempt_lines(steps: int, batch: int = 16, group: int = 4, interval: int = 4,
                   start: int = 0, t0: float = 1000.0, eval_lag: int = 3,
-                  stop_after: int | None = None) -> list[dict]:
+                  stop_after: int | None = None, voided: int = 0) -> list[dict]:
     """The lines one attempt writes, resuming after checkpoint step `start` (0: a fresh
     run), in the order they reach the file; `stop_after` cuts the attempt after that many
-    lines (a kill). An evaluation's line is logged `eval_lag` lines after it fires."""
+    lines (a kill). An evaluation's line is logged `eval_lag` lines after it fires. `voided`
+    rollouts a step (whole groups) arrive besides the `batch` it ships: stale or errored
+    groups, which prime-rl counts in `progress/rollouts` (the step's arrival window) but does
+    not train on (orchestrator/train_sink.py `process_group`, `_maybe_batch`)."""
     lines: list[dict] = []
     pending: list[tuple[int, dict]] = []  # (due at this many lines, line)
     shipped = trained = start
@@ -85,7 +89,7 @@ def attempt_lines(steps: int, batch: int = 16, group: int = 4, interval: int = 4
         t += 1.0
         if shipped < steps and trained >= shipped + 1 - 2:
             shipped += 1
-            emit(_orchestrator(shipped, t, batch, group))
+            emit(_orchestrator(shipped, t, batch, group, voided))
             trigger = shipped + 1
             if trigger % interval == 0 and trigger <= steps:
                 pending.append((len(lines) + eval_lag, _eval(trigger, trained, t)))

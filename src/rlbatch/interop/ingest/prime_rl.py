@@ -3,8 +3,9 @@
 Reads the `{"step", "time", **metrics}` lines of prime-rl's `FileMonitor` (prime-rl 559b447),
 merging every metrics.jsonl under a directory by step with the orchestrator's file (the one
 holding `progress/total_rollouts`) as the primary one, and the combined or separate
-trainer/orchestrator TOML files. samples, prompts and tokens come from the orchestrator's
-progress counters, the reward from `train/agg/all/<agent>/reward/mean`, train_s from the
+trainer/orchestrator TOML files. samples and prompts are step x B and step x P where B
+(`orchestrator.batch_size`) is known, the orchestrator's progress counters otherwise; tokens
+come from those counters, the reward from `train/agg/all/<agent>/reward/mean`, train_s from the
 orchestrator's clock; no phase timers are mapped. The file's lines are not in step order
 (the trainer, the orchestrator and evaluations write asynchronously) and a resumed attempt
 appends to it (`_read`); an evaluation is dated by the policy it ran on (`_dated_evals`).
@@ -218,13 +219,19 @@ def _reward_key(rows: list, where: str) -> tuple[str, ...]:
 
 
 def _samples(step: int, data: dict, b: int | None, where: str) -> int:
+    """The samples trained through this step: step x B where B (`orchestrator.batch_size`)
+    is known. prime-rl cuts a step's batch once B admitted rollouts are pending
+    (orchestrator/train_sink.py `_maybe_batch`, 559b447), while `progress/rollouts` counts
+    the step's whole arrival window, rollouts it voided or did not admit included
+    (orchestrator.py, "``all`` is the full arrival window"): that count is kept as
+    `prime-rl/rollouts_arrived`, and is the samples only where B is not known."""
+    if b is not None:
+        return step * b
     total = _through(data, "progress/total_rollouts", "progress/rollouts")
-    if total is not None:
-        return total
-    if b is None:
+    if total is None:
         raise ConfigError(f"step {step} has no progress/total_rollouts; pass --prompts-per-step "
                           f"and --samples-per-prompt", where=where)
-    return step * b
+    return total
 
 
 def convert(path: Path, res) -> Converted:
@@ -249,8 +256,13 @@ def convert(path: Path, res) -> Converted:
         samples = _samples(step, data, b, str(primary))
         row = {"step": step, "samples": samples}
         tasks = _through(data, "progress/total_tasks", "progress/tasks")
-        if tasks is not None or g:
+        if b is not None and g:
+            row["prompts"] = samples // g
+        elif tasks is not None or g:
             row["prompts"] = tasks if tasks is not None else samples // g
+        arrived = _through(data, "progress/total_rollouts", "progress/rollouts")
+        if b is not None and arrived is not None:
+            row["prime-rl/rollouts_arrived"] = arrived
         out_tokens = num(data.get("progress/output_tokens"))
         tokens = None if tokens is None or out_tokens is None else tokens + int(out_tokens)
         if tokens is not None:
