@@ -566,6 +566,30 @@ def test_an_attempt_that_started_over_is_not_spliced_as_a_resume(tmp_path, capsy
                for w in summary["command"]["warnings"])
 
 
+def test_a_kill_inside_a_verl_checkpoint_save_resumes_from_the_one_before(tmp_path, capsys):
+    """verl saves inside the step, before logging it, and names the new checkpoint in its
+    tracker file last (ray_trainer.py `_save_checkpoint`, 1dda039; the stand-in's `_save`): a
+    SIGKILL inside the save at step 8 leaves steps 1..7 logged, `global_step_8` half-written
+    and the tracker at 4. The resumed attempt continues from step 4, and the run's rows are
+    the uninterrupted run's: steps 1..20 once each, 0.1 s a step."""
+    once = tmp_path / "killed"
+    config = _config(tmp_path, LOG_WRITER_STEP_S=0.1, LOG_WRITER_KILL_IN_SAVE_AT=8,
+                     LOG_WRITER_CRASH_ONCE=once)
+    code, _, err = run_cli(["train", config], capsys)
+    assert code == 2 and once.exists(), err
+    run = _run_dir(tmp_path)
+    assert [r["step"] for r in read_jsonl(run / "steps.jsonl")[0]] == list(range(1, 8))
+    code, _, err = run_cli(["train", config, "--resume"], capsys)
+    assert code == 0, err
+    second = json.loads((run / "command" / "attempts" / "002" / "attempt.json").read_text())
+    assert second["resume_step"] == 4
+    steps = read_jsonl(run / "steps.jsonl")[0]
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    assert [r["train_s"] for r in steps] == pytest.approx([0.1 * s for s in range(1, 21)])
+    evals = read_jsonl(run / "evals.jsonl")[0]
+    assert [e["step"] for e in evals] == [0, *range(2, 21, 2)]
+
+
 def test_a_run_failed_by_a_bad_log_line_resumes_once_the_trainer_is_fixed(tmp_path, capsys):
     """The stand-in writes a line that is not verl's before step 7 (its checkpoint: step 4):
     the run fails in one line, and the re-run resumes it from the checkpoint with the rows

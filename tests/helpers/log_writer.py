@@ -6,8 +6,9 @@ GPU. It is not verl: the real third-party trainer of these tests is TRL's `trl g
 
 It reads `data.train_batch_size`, `actor_rollout_ref.rollout.n`, `trainer.total_training_steps`,
 `trainer.test_freq`, `trainer.save_freq` and `trainer.default_local_dir` from its arguments,
-"checkpoints" by writing `latest_checkpointed_iteration.txt` and a `global_step_N` folder
-there, and resumes from it as verl's `resume_mode=auto` does (first step N + 1). The reward
+"checkpoints" inside the step, before logging it, by writing a `global_step_N` folder and
+then `latest_checkpointed_iteration.txt` there (`_save`), and resumes from the checkpoint
+the tracker names as verl's `resume_mode=auto` does (first step N + 1). The reward
 of step s is s / total (a rising curve; validation logs it as `val-core/x/reward/mean@1`).
 Behaviour from the environment:
 
@@ -19,8 +20,11 @@ Behaviour from the environment:
 - LOG_WRITER_TRAP_TERM: ignore SIGTERM, as a trainer that traps it and carries on;
 - LOG_WRITER_BAD_LINE_AT: before this step (after a pause in which the follower reads what
   was written), write a line that is not JSON, then go on;
-- LOG_WRITER_CRASH_ONCE: a file; LOG_WRITER_CRASH_AT and LOG_WRITER_BAD_LINE_AT apply only
-  while it does not exist (the fault creates it), so the next attempt runs through;
+- LOG_WRITER_KILL_IN_SAVE_AT: SIGKILL itself inside this step's checkpoint save, after the
+  `global_step_N` folder and before the tracker file (`_save`);
+- LOG_WRITER_CRASH_ONCE: a file; LOG_WRITER_CRASH_AT, LOG_WRITER_BAD_LINE_AT and
+  LOG_WRITER_KILL_IN_SAVE_AT apply only while it does not exist (the fault creates it), so
+  the next attempt runs through;
 - LOG_WRITER_RESTART_IF: a file; when it exists, the checkpoint is ignored and training
   starts again from step 1 (a checkpoint that cannot be loaded, or resume turned off);
 - LOG_WRITER_ROTATE_AT: before this step, move the log to `<log>.1` and start a new one;
@@ -99,8 +103,9 @@ def main(argv: list[str]) -> int:
                            check=True)
     bad_at = int(os.environ.get("LOG_WRITER_BAD_LINE_AT", "0"))
     once = os.environ.get("LOG_WRITER_CRASH_ONCE")
+    kill_in_save_at = int(os.environ.get("LOG_WRITER_KILL_IN_SAVE_AT", "0"))
     if once and Path(once).exists():
-        crash_at = bad_at = 0
+        crash_at = bad_at = kill_in_save_at = 0
     try:
         start = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
     except OSError:
@@ -163,14 +168,26 @@ def main(argv: list[str]) -> int:
             time.sleep(save_s)
             data["timing_s/save_checkpoint"] = save_s
             data["timing_s/step"] = logged_s + save_s
+        if step % save_freq == 0:
+            _save(ckpt, step, kill=step == kill_in_save_at, once=once)
         write(step, data)
         if chatter:
             sys.stdout.write(("." * 99 + "\n") * (chatter // 100))
             sys.stdout.flush()
-        if step % save_freq == 0:
-            (ckpt / f"global_step_{step}").mkdir(parents=True, exist_ok=True)
-            (ckpt / "latest_checkpointed_iteration.txt").write_text(str(step))
     return 0
+
+
+def _save(ckpt: Path, step: int, kill: bool, once: str | None) -> None:
+    """verl's `_save_checkpoint` (verl/trainer/ppo/ray_trainer.py 983-1050 at 1dda039),
+    inside the step, before the step's metrics are logged: the `global_step_N` folder, then
+    the tracker file that names it. `kill`: SIGKILLed between the two, as a kill inside the
+    save leaves it (the folder half-written, the tracker naming the previous one)."""
+    (ckpt / f"global_step_{step}" / "actor").mkdir(parents=True, exist_ok=True)
+    if kill:
+        if once:
+            Path(once).write_text("killed inside a checkpoint save")
+        os.kill(os.getpid(), signal.SIGKILL)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(str(step))
 
 
 if __name__ == "__main__":
