@@ -256,3 +256,18 @@ def test_cli_statistic_stretch_is_named_and_a_bad_one_refused(sweep, capsys):
     code, _, err = run_cli(["analyze", str(sweep), "--target", "eval/accuracy=0.5",
                             "--statistic", "median"], capsys)
     assert code == 2 and "--statistic must be one of crossing, stretch" in err
+
+
+def test_runs_that_never_reached_the_target_are_counted_apart(sweep, doc, capsys):
+    """B = 2048's three runs never reach the target: they enter N* and T as bounds (Tobit),
+    and the decision says how many of a configuration's seeds did not reach it, in the text
+    and in `recommendation.compared`."""
+    compared = {c["config"]: c for c in doc["recommendation"]["compared"]}
+    cfg = by_b(doc)
+    assert compared[cfg[2048]["config"]]["censored_runs"] == 3
+    assert compared[cfg[128]["config"]]["censored_runs"] == 0
+    code, out, _ = run_cli(["analyze", str(sweep), "--bootstrap", "100"], capsys)
+    assert code in (0, None)
+    (line,) = [x for x in out.splitlines() if "B2048" in x and "seeds" in x]
+    assert "(3 seeds, 3 not reaching the target," in line, line
+    assert not any("not reaching" in x for x in out.splitlines() if "B128 " in x)

@@ -234,8 +234,8 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA,
         "alpha": alpha,
         "candidates_analysed": len([e for e in fam if e is not ref]),
         "shown_faster": [e["config"] for e in winners],
-        "compared": [{"config": e["config"], "seeds": e["seeds"], "verdict": e["verdict"]}
-                     for e in compared],
+        "compared": [{"config": e["config"], "seeds": e["seeds"], "verdict": e["verdict"],
+                      "censored_runs": e.get("censored_runs", 0)} for e in compared],
         "rejected": [{"config": e["config"], "sequences_per_step": e["sequences_per_step"],
                       "verdict": e["verdict"], "why": rejection_reason(e)}
                      for e in fam if e is not ref and e["verdict"] in REJECTED],

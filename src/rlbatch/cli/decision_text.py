@@ -89,13 +89,20 @@ def _pick_interval(rec: dict, ci: str) -> str:
             if rec.get("speedup_vs_reference") else "")
 
 
+def _short(entry: dict) -> str:
+    """`, 2 not reaching the target`: runs that ended without crossing (stopped early, or at
+    the budget), which enter N* and T as bounds, not as crossings (docs/analysis.md)."""
+    n = entry.get("censored_runs") or 0
+    return f", {n} not reaching the target" if n else ""
+
+
 def _compared_lines(rec: dict, entries: dict, labels: dict) -> list[str]:
     """One line per configuration the decision compared."""
     lines = []
     rejected = {r["config"]: r["why"] for r in rec.get("rejected") or []}
     for c in rec["compared"]:
         ce = entries[c["config"]]
-        head = f"  {labels[c['config']]} ({c['seeds']} seeds, {c['verdict']})"
+        head = f"  {labels[c['config']]} ({c['seeds']} seeds{_short(ce)}, {c['verdict']})"
         sep = ":"
         if c["config"] in rejected:
             head, sep = f"{head} {rejected[c['config']]};", ""
@@ -119,8 +126,8 @@ def _screened_lines(doc: dict, rec: dict, entries: dict, labels: dict) -> list[s
         note = x["verdict"] + (f" (one seed suggests {x['indication']})"
                                if x["verdict"] == "unconfirmed" and x.get("indication") else "")
         vs = x.get("vs_reference") or {}
-        lines.append(f"  screened: {labels[x['config']]} ({x['seeds']} seed(s)): {note}; "
-                     f"T ratio {num(vs.get('time_ratio'))}")
+        lines.append(f"  screened: {labels[x['config']]} ({x['seeds']} seed(s){_short(x)}): "
+                     f"{note}; T ratio {num(vs.get('time_ratio'))}")
     return lines
 
 
