@@ -5,6 +5,7 @@ records (`bank_trials`), so every figure a replay prints has a known answer."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -361,3 +362,15 @@ def test_the_committed_banks_load_and_match_their_checksums(name, tmp_path):
     dirs = [bank_dir / r["run"] for r in doc["runs"]]
     assert bank_summary(cfg, trials, dirs)["checksum"] == doc["checksum"]
     assert all(r["time_to_target"] is not None for r in doc["runs"])
+
+
+def test_pick_log_bias_is_the_mean_log_of_printed_over_true_ratio():
+    """The replay's measure of how optimistic a recommended pick's printed T ratio is."""
+    from rlbatch.profile.replay import Outcome, pick_log_bias
+
+    ratio = {("a",): 0.5, ("b",): 0.8}
+    recs = [Outcome(("a",), True, None, 1.0, 0, point=0.4),
+            Outcome(("b",), True, None, 1.0, 0, point=0.8),
+            Outcome(("b",), True, None, 1.0, 0, point=None)]  # printed none: left out
+    assert pick_log_bias(recs, ratio) == pytest.approx((math.log(0.8) + 0.0) / 2)
+    assert pick_log_bias([], ratio) is None

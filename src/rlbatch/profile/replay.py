@@ -445,6 +445,7 @@ class Outcome:
     cut: str | None = None
     problem: str | None = None
     evidence: str | None = None
+    point: float | None = None  # the pick's printed T ratio
 
 
 def _decision(doc: dict, strategy: str, base_key: tuple) -> tuple[tuple, bool, list | None]:
@@ -504,9 +505,11 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
         current = with_sets(current, sets)
     pick, recommends, ci = _decision(doc, strategy, base_key)
     rec = (doc.get("analysis") or {}).get("recommendation") or {}
+    point = 1 / rec["speedup_vs_reference"] if recommends and strategy != "probe" and \
+        rec.get("speedup_vs_reference") else None
     return Outcome(pick, recommends, ci, spent(work / "runs"), follows, unserved, cut,
                    doc.get("problem"), (doc.get("decision") or {}).get("evidence")
-                   or rec.get("evidence"))
+                   or rec.get("evidence"), point)
 
 
 def spent(runs: Path) -> float:
@@ -552,7 +555,17 @@ def score(outcomes: list[Outcome], truth: dict, strategy: str) -> dict:
             "followed_next": sum(o.follows for o in outcomes) / n,
             "cut_by_bank": sum(o.cut is not None for o in outcomes),
             "unserved_evaluations": sum(o.unserved for o in outcomes),
-            "no_decision": sum(o.problem is not None for o in outcomes)}
+            "no_decision": sum(o.problem is not None for o in outcomes),
+            "pick_log_bias": pick_log_bias(recs, ratio)}
+
+
+def pick_log_bias(recs: list[Outcome], ratio: dict) -> float | None:
+    """How far the recommended picks' printed T ratios lie from the bank's truth: the mean
+    of log(printed / true) (negative: the pick looks faster than it is, as a pick chosen and
+    stopped on its luckier draws does). None without a recommendation."""
+    logs = [math.log(o.point / ratio[o.pick]) for o in recs
+            if o.point and ratio.get(o.pick)]
+    return statistics.fmean(logs) if logs else None
 
 
 def reference_rows(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
