@@ -340,7 +340,7 @@ def test_the_quick_saving_preset_is_the_large_saving_banks_config():
     assert preset == bank
 
 
-@pytest.mark.parametrize("name", ["no-saving", "large-saving", "modest-saving"])
+@pytest.mark.parametrize("name", ["no-saving", "large-saving", "modest-saving", "ppo"])
 def test_the_committed_banks_load_and_match_their_checksums(name, tmp_path):
     """The banks behind docs/analysis.md ("Replays"): 12 seeds of each of the profile's 5
     configurations, every run to its target, and bank.json's checksum recomputed from the
