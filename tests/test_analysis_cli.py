@@ -271,3 +271,31 @@ def test_runs_that_never_reached_the_target_are_counted_apart(sweep, doc, capsys
     (line,) = [x for x in out.splitlines() if "B2048" in x and "seeds" in x]
     assert "(3 seeds, 3 not reaching the target," in line, line
     assert not any("not reaching" in x for x in out.splitlines() if "B128 " in x)
+
+
+def test_a_control_faster_than_its_twin_says_the_scaled_lr_overshoots():
+    """The fixed-LR control runs at eta0, its sqrt twin at eta0 sqrt(B/B0): a control faster
+    across seeds says the scaled LR is too high at that B (eta0 above its best at B0, or a
+    slower-than-sqrt rule), not that eta0 is too low."""
+    from rlbatch.analysis.selection import control_versus_twin
+    from rlbatch.cli.decision_text import _closing_lines
+
+    def side(config, lr, t):
+        return {"config": config, "seeds": 3, "sequences_per_step": 256, "lr": lr,
+                "samples_to_target": 1000.0, "time_to_target": t}
+
+    def control(upper):
+        return control_versus_twin(side("ctl", 1e-4, 8.0), side("twin", 1.414e-4, 10.0),
+                                   {"samples_ratio_ci": [0.7, 0.9],
+                                    "time_ratio_ci": [0.6, upper]})
+
+    faster, unclear = control(0.95), control(1.05)
+    assert faster["scaled_lr_too_high"] and faster["eta0_may_be_under_tuned"]
+    assert not unclear["scaled_lr_too_high"]
+    labels = {"ctl": "B256 lr0.0001", "twin": "B256 lr0.000141"}
+    (line,) = _closing_lines({"fixed_lr_controls": [faster]}, {}, labels)
+    assert line.endswith("faster than its twin across seeds, at the lower LR: the sqrt rule's "
+                         "LR overshoots here (eta0 above its best at B0, or the best LR grows "
+                         "more slowly than sqrt(B/B0))"), line
+    (line,) = _closing_lines({"fixed_lr_controls": [unclear]}, {}, labels)
+    assert "overshoots" not in line

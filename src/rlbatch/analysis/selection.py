@@ -362,8 +362,11 @@ def next_seeds(plan: list[dict], ref: dict) -> int | None:
 
 def control_versus_twin(control: dict, twin: dict, comparison: dict) -> dict:
     """The fixed-LR control against its sqrt-scaled twin (same B): N* and T penalties
-    (control / twin) with intervals; `eta0_may_be_under_tuned` when the control is faster
-    across seeds (upper end of its T-ratio interval below 1)."""
+    (control / twin) with intervals; `scaled_lr_too_high` when the control, at the lower
+    LR eta0, is faster across seeds (upper end of its T-ratio interval below 1): the sqrt
+    rule's LR overshoots at this B, so eta0 lies above its best at B0 or the best LR grows
+    more slowly than sqrt(B/B0) here. `eta0_may_be_under_tuned` is the same flag under its
+    first name (kept for readers of the JSON)."""
     seeded = min(control["seeds"], twin["seeds"]) >= MIN_SEEDS
     t_ci = comparison["time_ratio_ci"] if seeded else [None, None]
     return {
@@ -374,5 +377,6 @@ def control_versus_twin(control: dict, twin: dict, comparison: dict) -> dict:
         "samples_ratio_ci": comparison["samples_ratio_ci"] if seeded else [None, None],
         "time_ratio": _ratio(control["time_to_target"], twin["time_to_target"]),
         "time_ratio_ci": t_ci,
+        "scaled_lr_too_high": bool(t_ci[1] is not None and t_ci[1] < 1.0),
         "eta0_may_be_under_tuned": bool(t_ci[1] is not None and t_ci[1] < 1.0),
     }

@@ -138,8 +138,10 @@ def _closing_lines(doc: dict, rec: dict, labels: dict) -> list[str]:
         lines.append(f"fixed-LR control {labels[c['control']]} vs its sqrt twin: N* ratio "
                      f"{num(c['samples_ratio'])}{interval(c['samples_ratio_ci'])}, T ratio "
                      f"{num(c['time_ratio'])}{interval(c['time_ratio_ci'])}"
-                     + ("; faster than its twin across seeds: eta0 may be under-tuned"
-                        if c["eta0_may_be_under_tuned"] else ""))
+                     + ("; faster than its twin across seeds, at the lower LR: the sqrt "
+                        "rule's LR overshoots here (eta0 above its best at B0, or the best LR "
+                        "grows more slowly than sqrt(B/B0))"
+                        if c.get("scaled_lr_too_high", c["eta0_may_be_under_tuned"]) else ""))
     check = rec.get("reference_lr_check")
     if check:
         lines.append(f"note: {check['note']}")
