@@ -299,3 +299,28 @@ def test_a_control_faster_than_its_twin_says_the_scaled_lr_overshoots():
                          "more slowly than sqrt(B/B0))"), line
     (line,) = _closing_lines({"fixed_lr_controls": [unclear]}, {}, labels)
     assert "overshoots" not in line
+
+
+def test_a_stopped_configuration_reads_not_shown_faster_not_slower(tmp_path):
+    """Verdict `slower` is a stop (half or more of the runs stopped `cannot_win`), not a
+    measured T ratio above 1: a decision line says what was shown."""
+    from rlbatch.cli.decision_text import _compared_lines, _screened_lines
+
+    entry = {"config": "c64", "seeds": 2, "verdict": "slower", "censored_runs": 1,
+             "runs": [], "vs_reference": None, "time_to_target": 3.9,
+             "time_to_target_ci": [1.0, 9.0], "algorithm": "grpo", "lr_scaling": "sqrt"}
+    ref = {"config": "c128", "seeds": 2, "verdict": "reference", "censored_runs": 0,
+           "time_to_target": 4.4, "time_to_target_ci": [2.6, 7.5], "algorithm": "grpo",
+           "lr_scaling": "sqrt"}
+    labels = {"c64": "B64", "c128": "B128"}
+    rec = {"compared": [{"config": "c64", "seeds": 2, "verdict": "slower"}],
+           "rejected": [{"config": "c64", "why": "stopped early: ..."}]}
+    (line,) = _compared_lines(rec, {"c64": entry, "c128": ref}, labels)
+    assert line.startswith("  B64 (2 seeds, 1 not reaching the target, not shown faster) "
+                           "stopped early"), line
+    screened = {**entry, "config": "c256", "seeds": 1}
+    doc = {"reference": {"config": "c128"}, "configs": [ref, screened]}
+    (line,) = _screened_lines(doc, {"compared": []}, {"c128": ref, "c256": screened},
+                              {**labels, "c256": "B256"})
+    assert line == ("  screened: B256 (1 seed(s), 1 not reaching the target): not shown faster "
+                    "(stopped early); T ratio -"), line

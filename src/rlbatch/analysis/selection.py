@@ -261,8 +261,8 @@ def rejection_reason(e: dict) -> str:
                 f"{_fmt(vs.get('samples_ratio'))}, interval from {_fmt(lo)}): rejected by step 3 "
                 "of the method")
     if e["verdict"] == "slower":
-        return ("stopped early: it trained longer than the reference's time to target "
-                "without reaching the target")
+        return ("stopped early: half or more of its runs trained longer than the reference's "
+                "time to target without reaching the target")
     if e["verdict"] == "diverged":
         k = sum(r.get("status") == "diverged" for r in e["runs"])
         return (f"diverged in {k} of its {len(e['runs'])} seeds (non-finite training values): a "

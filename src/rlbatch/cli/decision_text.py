@@ -89,6 +89,12 @@ def _pick_interval(rec: dict, ci: str) -> str:
             if rec.get("speedup_vs_reference") else "")
 
 
+# how a verdict reads on a decision line: `slower` is a stop, not a measurement (half or
+# more of the configuration's runs trained past the reference's time to target without
+# reaching the target: selection.config_verdict), so it says what was shown
+SHOWN = {"slower": "not shown faster"}
+
+
 def _short(entry: dict) -> str:
     """`, 2 not reaching the target`: runs that ended without crossing (stopped early, or at
     the budget), which enter N* and T as bounds, not as crossings (docs/analysis.md)."""
@@ -102,7 +108,8 @@ def _compared_lines(rec: dict, entries: dict, labels: dict) -> list[str]:
     rejected = {r["config"]: r["why"] for r in rec.get("rejected") or []}
     for c in rec["compared"]:
         ce = entries[c["config"]]
-        head = f"  {labels[c['config']]} ({c['seeds']} seeds{_short(ce)}, {c['verdict']})"
+        head = (f"  {labels[c['config']]} ({c['seeds']} seeds{_short(ce)}, "
+                f"{SHOWN.get(c['verdict'], c['verdict'])})")
         sep = ":"
         if c["config"] in rejected:
             head, sep = f"{head} {rejected[c['config']]};", ""
@@ -123,7 +130,8 @@ def _screened_lines(doc: dict, rec: dict, entries: dict, labels: dict) -> list[s
                 and x["lr_scaling"] == ref["lr_scaling"]]  # other LR rules: control line
     lines = []
     for x in screened:
-        note = x["verdict"] + (f" (one seed suggests {x['indication']})"
+        note = {"slower": "not shown faster (stopped early)"}.get(x["verdict"], x["verdict"]) \
+            + (f" (one seed suggests {x['indication']})"
                                if x["verdict"] == "unconfirmed" and x.get("indication") else "")
         vs = x.get("vs_reference") or {}
         lines.append(f"  screened: {labels[x['config']]} ({x['seeds']} seed(s){_short(x)}): "
