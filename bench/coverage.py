@@ -170,7 +170,7 @@ def decision_cell(rng, n, cv, cens, n_ratio, q_ratio, reps,
             "P(faster)>=0.95": p95 / reps, "P(faster)>=0.90": p90 / reps}
 
 
-SPREADS = ("pooled", "pair", "larger")
+SPREADS = ("pooled", "pair", "larger", "paired")
 
 
 def family_cell(rng, n: int, cv: float, noisy: float, fast_q: float, reps: int,

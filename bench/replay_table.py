@@ -36,6 +36,7 @@ VARIANTS = {
                                           "profile.alpha_spending=true"]),
     "full-pooled": ("full", ["profile.spread=pooled"]),
     "full-larger": ("full", ["profile.spread=larger"]),
+    "full-paired": ("full", ["profile.spread=paired"]),
     "probe": ("probe", []),
 }
 

@@ -514,3 +514,31 @@ def test_a_comparison_rests_on_the_pooled_the_pairs_or_the_larger_spread():
     assert larger["wild"] == pair["wild"] and larger["calm"] == pooled["calm"]
     assert rec_pooled["is_reference"] and rec_pooled["evidence"] == "not_enough"
     assert rec_pair["config"] == "calm" and rec_pair["evidence"] == "established"
+
+
+def test_a_paired_comparison_is_a_t_interval_on_the_same_seed_log_ratios():
+    """`spread: paired`: with at least 3 seeds run by both sides and all of them crossing,
+    each ratio is the mean of the per-seed log ratios with a t interval on their spread
+    (n - 1 df); fewer pairs, or a pair with a run that did not cross, fall back to the
+    unpaired comparison of the two (None here)."""
+    from scipy.stats import t as student_t
+
+    from rlbatch.analysis.analyze import _paired
+
+    def runs(ts, censored=()):
+        return [{"seed": i, "samples_to_target": 1000.0, "throughput_to_target": 1000.0 / t,
+                 "time_to_target": t, "censored": i in censored} for i, t in enumerate(ts)]
+
+    a = {"config": "a", "runs": runs([8.0, 9.0, 7.0, 12.0])}
+    b = {"config": "b", "runs": runs([10.0, 10.0, 9.0, 13.0, 11.0])}  # seed 4: no pair
+    d = np.log([8 / 10, 9 / 10, 7 / 9, 12 / 13])
+    se = d.std(ddof=1) / math.sqrt(4)
+    tq = student_t.ppf(0.95, 3)
+    got = _paired(a, b, 0.90)
+    assert got["pairs"] == 4 and got["df"] == 3
+    assert got["time_ratio_ci"] == pytest.approx([math.exp(d.mean() - tq * se),
+                                                  math.exp(d.mean() + tq * se)], rel=1e-12)
+    assert got["p_faster"] == pytest.approx(student_t.cdf(-d.mean() / se, 3), rel=1e-12)
+    assert got["samples_ratio_ci"] == pytest.approx([1.0, 1.0])  # same N* on every seed
+    assert _paired({**a, "runs": a["runs"][:2]}, b, 0.90) is None  # 2 pairs: too few
+    assert _paired({**a, "runs": runs([8.0, 9.0, 7.0, 12.0], censored=(1,))}, b, 0.90) is None

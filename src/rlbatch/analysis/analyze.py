@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlbatch.analysis import invariance, noise, registration, selection, stats
+from rlbatch.analysis import invariance, noise, registration, seedstats, selection, stats
 from rlbatch.analysis.crossing import Target, metric_curve, metric_source, per_run_records
 from rlbatch.analysis.runs import RunFrames, load_runs
 from rlbatch.core.errors import DataError, UserError
@@ -94,7 +94,8 @@ def _run_entry(r: dict, frames: RunFrames) -> dict:
     return entry
 
 
-SPREADS = ("pooled", "pair", "larger")
+SPREADS = ("pooled", "pair", "larger", "paired")
+MIN_PAIRS = 3  # same-seed pairs a paired comparison needs (df >= 2); fewer: `pair`
 
 
 def judge(groups: list[dict], ref_id: str, margin: float, ci: float, spread: str = "pair"
@@ -134,6 +135,8 @@ def _compare(fits: dict, groups: dict, a: str, b: str, ci: float,
     algorithms), one spread for every configuration, the most degrees of freedom.
     `larger`: whichever of the two has the larger standard error of the log T ratio (where
     one has none, the other)."""
+    if spread == "paired" and (paired := _paired(groups[a], groups[b], ci)) is not None:
+        return paired
     pooled = fits[a] if fits[a] is fits[b] else None
     if spread == "pooled" and pooled is not None:
         return stats.compare(pooled, a, b, ci)
@@ -145,6 +148,39 @@ def _compare(fits: dict, groups: dict, a: str, b: str, ci: float,
     if se_pool is None or (se_pair is not None and se_pair > se_pool):
         return by_pair
     return by_pool
+
+
+def _paired(a: dict, b: dict, ci: float) -> dict | None:
+    """stats.compare's keys from same-seed pairs: each ratio's log is the mean of the
+    per-seed log ratios a/b, its interval a t interval on their spread (n - 1 df). None,
+    for the unpaired comparison instead, with fewer than MIN_PAIRS seeds run by both or
+    where a run of such a seed did not reach the target (a bound has no paired log)."""
+    by_seed = {r.get("seed"): r for r in b["runs"]}
+    pairs = [(r, by_seed[r.get("seed")]) for r in a["runs"] if r.get("seed") in by_seed]
+    keys = ("samples_to_target", "throughput_to_target", "time_to_target")
+    if len(pairs) < MIN_PAIRS or any(x["censored"] or y["censored"] or
+                                     not all(x.get(k) and y.get(k) for k in keys)
+                                     for x, y in pairs):
+        return None
+    n, tq = len(pairs), seedstats.t_quantile(len(pairs) - 1, ci)
+    out = {}
+    for k in keys:
+        d = np.log([x[k] / y[k] for x, y in pairs])
+        m, se = float(d.mean()), float(d.std(ddof=1)) / math.sqrt(n)
+        out[k] = (m, se, (m - tq * se, m + tq * se))
+    (mt, set_, _), lo_hi = out["time_to_target"], out["samples_to_target"][2]
+    return {
+        "log_samples_ratio_raw": lo_hi,
+        "log_samples_ratio_ci": [stats.finite_or_none(x) for x in lo_hi],
+        "samples_ratio_ci": [math.exp(x) for x in lo_hi],
+        "throughput_ratio_ci": [math.exp(x) for x in out["throughput_to_target"][2]],
+        "time_ratio_ci": [math.exp(x) for x in out["time_to_target"][2]],
+        "p_faster": seedstats.p_below(mt, set_, n - 1),
+        "time_ratio_se": set_,
+        "run_sd_log_time": set_ * math.sqrt(n / 2),  # the unpaired sd with this se at n
+        "df": n - 1,
+        "pairs": n,
+    }
 
 
 def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict) -> dict:

@@ -181,6 +181,11 @@ def contrast(fit: PooledFit, a: str, b: str, ci: float) -> dict:
     return out
 
 
+def p_below(d: float, se: float, df: int) -> float:
+    """The one-sided confidence that a difference estimated at d (se, df) is below 0."""
+    return _p_below(d, se, df)
+
+
 def _p_below(d: float, se: float, df: int) -> float:
     if se <= 0:
         return 1.0 if d < 0 else (0.0 if d > 0 else 0.5)

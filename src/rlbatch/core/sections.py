@@ -387,7 +387,7 @@ class ProfileConfig(StrictModel):
         "crossing", description="a run's N* in the decision: its first crossing of the "
         "target, or a stretch fitted to its rising curve near it (rlbatch analyze "
         "--statistic; docs/analysis.md, 'Which statistic')")
-    spread: Literal["pooled", "pair", "larger"] = Field(
+    spread: Literal["pooled", "pair", "larger", "paired"] = Field(
         "pair", description="the run-to-run spread a comparison with the baseline rests on: "
         "the pair's own, pooled over every configuration, or the larger of the two (rlbatch "
         "analyze --spread; docs/analysis.md, 'Per-configuration spread')")
