@@ -324,3 +324,18 @@ def test_a_stopped_configuration_reads_not_shown_faster_not_slower(tmp_path):
                               {**labels, "c256": "B256"})
     assert line == ("  screened: B256 (1 seed(s), 1 not reaching the target): not shown faster "
                     "(stopped early); T ratio -"), line
+
+
+def test_paired_spread_is_named_in_the_decision(sweep, capsys):
+    """`--spread paired` says what the comparisons rest on: same-seed pairs where enough
+    seeds crossed, unpaired otherwise (the sweep's configurations have 3 seeds, seeds 0-2)."""
+    code, out, _ = run_cli(["analyze", str(sweep), "--bootstrap", "100", "--spread", "paired",
+                            "--json"], capsys)
+    assert code in (0, None)
+    rec = json.loads(out.splitlines()[-1])["recommendation"]
+    assert rec["spread"] == "paired" and rec["comparison"].startswith(
+        "paired: same-seed log ratios where at least 3 seeds")
+    code, out, _ = run_cli(["analyze", str(sweep), "--bootstrap", "100", "--spread", "paired"],
+                           capsys)
+    text = " ".join(out.split())
+    assert "paired comparisons where 3 or more seeds of both crossed, unpaired otherwise" in text

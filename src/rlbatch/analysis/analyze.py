@@ -333,6 +333,11 @@ def _recommend(entries: list[dict], ref_id: str, statistic: str, alpha: float,
     if rec is not None:
         rec["statistic"] = STATISTICS[statistic]
         rec["spread"] = spread
+        if spread == "paired":
+            rec["comparison"] = (f"paired: same-seed log ratios where at least {MIN_PAIRS} "
+                                 "seeds of both configurations reached the target (a t "
+                                 "interval on n - 1 df), the two configurations' unpaired "
+                                 "fit otherwise (docs/analysis.md, 'Paired, by seed')")
     return rec
 
 

@@ -106,8 +106,9 @@ def analyze(
     smooth: int = typer.Option(1, help="trailing mean over this many evaluations (1 = none)"),
     spread: str = typer.Option("pair", help="the run-to-run spread each comparison with "
                                "the reference rests on: pair (the two compared) | pooled "
-                               "(over every configuration) | larger (the larger of the two; "
-                               "docs/analysis.md, 'Per-configuration spread')"),
+                               "(over every configuration) | larger (the larger of the two) "
+                               "| paired (same-seed log ratios where 3 or more seeds of both "
+                               "crossed; docs/analysis.md, 'Per-configuration spread')"),
     alpha: float = typer.Option(0.05, help="one-sided level of the decision (a profile with "
                                 "profile.alpha_spending decides its k-th look at "
                                 "0.05 / 2^(k+1); its profile.json says which)"),

@@ -69,7 +69,8 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
     paired = str(rec.get("comparison", "unpaired")).split(":", 1)[0]
     spread = {"pair": ", each on the spread of the two compared",
               "pooled": ", on one spread pooled over every configuration",
-              "larger": ", each on the larger of the pair's and the pooled spread"
+              "larger": ", each on the larger of the pair's and the pooled spread",
+              "paired": " where 3 or more seeds of both crossed, unpaired otherwise"
               }.get(rec.get("spread"), "")
     lines.append(f"evidence: {rec['evidence']} ({why}); geometric means across seeds, {ci} "
                  f"intervals, each on its own (docs/analysis.md, 'Two intervals read "

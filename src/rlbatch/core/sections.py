@@ -389,8 +389,9 @@ class ProfileConfig(StrictModel):
         "--statistic; docs/analysis.md, 'Which statistic')")
     spread: Literal["pooled", "pair", "larger", "paired"] = Field(
         "pair", description="the run-to-run spread a comparison with the baseline rests on: "
-        "the pair's own, pooled over every configuration, or the larger of the two (rlbatch "
-        "analyze --spread; docs/analysis.md, 'Per-configuration spread')")
+        "the pair's own, pooled over every configuration, the larger of the two, or paired "
+        "by seed where 3 or more seeds of both crossed (rlbatch analyze --spread; "
+        "docs/analysis.md, 'Per-configuration spread')")
     workers: int = Field(1, gt=0, le=1024)
     strategy: Literal["full", "probe"] = Field(
         "full", description="full: every candidate towards the target (early stops); probe: "
