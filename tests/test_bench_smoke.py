@@ -77,3 +77,23 @@ def test_replay_table_runs_on_a_bank_and_ends_with_its_json_line(tmp_path):
     assert all(keys <= set(r) for r in doc["rows"])
     assert doc["truth"]["no-saving"]["best_sequences"] == 128
     assert "| no-saving | full |" in proc.stdout
+
+
+def test_aa_bank_writes_a_bank_whose_truth_is_one_and_replay_reads_it(tmp_path):
+    """bench/aa_bank.py (the A/A bank of docs/analysis.md, "Looks and A/A") at 2 seeds: it
+    exits 0 with its JSON line, and `rlbatch replay` reads the bank it wrote, every
+    configuration of the no-saving profile at each seed."""
+    from rlbatch.core.loading import load_config
+    from rlbatch.profile.replay import load_bank, profile_keys
+
+    proc = subprocess.run([sys.executable, str(BENCH / "aa_bank.py"),
+                           str(BENCH / "banks" / "no-saving.yaml"), "--seeds", "2", "--out",
+                           str(tmp_path / "aa")], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["runs"] == 10 and doc["configurations"] == 5
+    bank = load_bank(tmp_path / "aa")
+    keys = profile_keys(load_config(str(BENCH / "banks" / "no-saving.yaml")))
+    assert sorted(bank.runs) == sorted(keys)
+    assert all(sorted(bank.runs[k]) == [0, 1] for k in keys)
