@@ -119,11 +119,12 @@ def read_config(path: Path) -> FrameworkConfig:
 
 
 def _step_rows(train: list, evals: dict, batch: tuple, origin: float, algorithm: str,
-               reward_key: str | None, where: str) -> tuple[list, float]:
-    """Training rows and the total evaluation seconds subtracted from train_s."""
+               reward_key: str | None, where: str, own: bool) -> tuple[list, float]:
+    """Training rows and the total evaluation seconds subtracted from train_s (`own`: from
+    OpenRLHF's own step times, `timed`)."""
     p, b = batch
     rows, eval_s, tokens = [], 0.0, 0
-    own, total = timed(train), 0.0
+    total = 0.0
     metrics = dict(STEP_METRICS)
     if reward_key:
         metrics["reward/mean"] = (reward_key,)
@@ -160,8 +161,9 @@ def convert(path: Path, res) -> Converted:
     evals = {s: (d, w) for s, d, w in tb_step_records(tb, {"eval/": "eval/"})}
     algorithm = res.algorithm or ("ppo" if any("critic_loss" in d for _, d, _ in train)
                                   else "grpo")
+    own = timed(train)
     steps, eval_s = _step_rows(train, evals, (p, p * g), tb.origin, algorithm, res.reward_key,
-                               str(path))
+                               str(path), own)
     train_s_at = {r["step"]: r["train_s"] for r in steps}
     eval_rows = []
     for step, (data, wall) in sorted(evals.items()):
@@ -171,7 +173,7 @@ def convert(path: Path, res) -> Converted:
                           **{k: num(v) for k, v in data.items()}})
     warnings = list(tb.warnings)
     config = build_config(res, algorithm, max_logged(steps, "actor/lr"), warnings)
-    extra = {"eval_s": eval_s, "train_s_source": TIMED if timed(train) else UNTIMED}
+    extra = {"eval_s": eval_s, "train_s_source": TIMED if own else UNTIMED}
     if steps:
         extra["first_step_s"] = steps[0]["train_s"]
     return Converted("openrlhf", list(tb.files), steps, eval_rows, config, res.seed, warnings,
