@@ -32,6 +32,13 @@ os.environ.setdefault("RLBATCH_CACHE", str(REPO / ".rlbatch-cache"))
 
 
 def pytest_configure(config):
+    # xdist's workers share the machine's CPUs: each gets its part of them for the trials it
+    # starts (profile/executors.py available_threads); two trainings with a thread per core
+    # each, spinning on the same cores, run 10x slower
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        os.environ.setdefault("RLBATCH_THREADS",
+                              str(max(1, len(os.sched_getaffinity(0)) // workers)))
     fd, log = tempfile.mkstemp(prefix="rlbatch-model-use-", suffix=".jsonl")
     os.close(fd)
     os.environ["RLBATCH_MODEL_USE_LOG"] = log

@@ -288,7 +288,9 @@ def test_recommendation_keeps_the_reference_and_says_what_to_run():
 ])
 def test_only_aligned_members_of_the_reference_family_can_win(other):
     rec = selection.recommend([REF, other], "ref")
-    assert rec["is_reference"] and rec["evidence"] == "none_faster"
+    # the fixed-LR control is outside the family: no candidate of it was compared
+    assert rec["is_reference"] and rec["evidence"] == (
+        "nothing_compared" if other["config"] == "c" else "none_faster")
 
 
 def test_unconfirmed_candidate_is_open_not_recommended():
@@ -300,7 +302,7 @@ def test_unconfirmed_candidate_is_open_not_recommended():
     # the only candidate failed (left out of the analysis): nothing was compared, and the
     # evidence line says so instead of "none is left open"
     alone = selection.recommend([REF], "ref")
-    assert alone["evidence"] == "none_faster" and alone["candidates_analysed"] == 0
+    assert alone["evidence"] == "nothing_compared" and alone["candidates_analysed"] == 0
     from rlbatch.cli.decision_text import _headline
     line = _headline(alone, {**REF, "prompts_per_step": 16, "samples_per_prompt": 8},
                      "90%", None)[1]

@@ -109,7 +109,8 @@ def test_openrlhf_prime_rl_and_rlbatch_words(tmp_path):
     flags = o.argv[6:]
     assert flags[flags.index("--rollout.batch_size") + 1] == "16"
     assert flags[flags.index("--train.batch_size") + 1] == "128"  # samples per update
-    assert flags[flags.index("--eval.steps") + 1] == "4" and flags[-1] == "--ckpt.load_enable"
+    assert flags[flags.index("--eval.steps") + 1] == "4"
+    assert "--ckpt.load_enable" not in flags  # a fresh attempt: no checkpoint to load
     assert flags[flags.index("--data.max_samples") + 1] == str(32 * 16)  # prompts of 32 steps
     assert flags[flags.index("--ckpt.best_metric_key") + 1] == "none"  # no "best" saves
     p = launch(_spec("prime-rl"), ["uv", "run", "rl", "@", "rl.toml"], tmp_path / "p", tmp_path)
@@ -368,20 +369,21 @@ def test_a_rotated_or_truncated_log_keeps_the_rows_already_read(tmp_path, capsys
                                  or "hold no step, after 11 were read" in warned[0])
 
 
-def test_a_deleted_log_keeps_its_rows_and_the_run_says_it_ended_short(tmp_path, capsys):
-    """The stand-in deletes its log before step 4 and exits 0 at its end: the 3 steps read
-    are kept (it used to say "exited 0 without logging a training step after 0 logged
-    step(s)" and wipe them), a warning says the log holds no step now, and the run, short
-    of its budget, says so in `stop_reason`."""
-    code, out, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
-                                               LOG_WRITER_DELETE_AT=4), "--json"], capsys)
-    assert code == 0, err
-    summary = json.loads(out.splitlines()[-1])
+def test_a_deleted_log_fails_the_run_in_one_line_and_keeps_its_rows(tmp_path, capsys):
+    """The stand-in deletes its log before step 4 and writes on into the deleted file: the
+    run fails in one line naming the log (a deleted log is not a run that ended short: its
+    later steps happened, unseen), and the 3 steps read are kept for a resume."""
+    code, _, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.1,
+                                             LOG_WRITER_DELETE_AT=4)], capsys)
+    assert code == 2, err
+    errors = [x for x in err.splitlines() if x.startswith("error:")]
+    log = _run_dir(tmp_path) / "command" / "attempts" / "001" / "verl.jsonl"
+    assert len(errors) == 1 and f"deleted its log {log} (the rows read from it are kept)" \
+        in errors[0], err
     steps = read_jsonl(_run_dir(tmp_path) / "steps.jsonl")[0]
     assert [r["step"] for r in steps] == [1, 2, 3]
-    assert summary["status"] == "budget_exhausted" and summary["stop_reason"].startswith(
-        "ended_short: the command exited 0 after 96 of budget.max_samples 640 samples")
-    assert any("hold no step, after 3 were read" in w for w in summary["command"]["warnings"])
+    summary = read_json(_run_dir(tmp_path) / "summary.json")
+    assert summary["status"] == "failed" and "deleted its log" in summary["failure"]
 
 
 def _one_line_end(tmp_path: Path, capsys, code: int, **env) -> tuple[str, dict]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.standin_profile import standin_profile
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
 from rlbatch.core.runlog import read_json, read_jsonl
@@ -156,22 +157,9 @@ def test_trials_run_as_jobs_on_a_ray_cluster(ray_cluster, tmp_path):
 
 
 def _standin_profile(tmp_path: Path, name: str, step_s: float) -> Path:
-    """A profile config whose trials are the stand-in command (verl's log format, a reward
-    rising with samples), each step taking `step_s` seconds: the baseline and B = 64."""
-    cfg = {"extends": "grpo-tiny", "name": name, "backend": "command",
-           "command": {"framework": "verl", "poll_s": 0.2, "stop_grace_s": 5,
-                       "argv": [sys.executable, str(HELPERS / "log_writer.py")],
-                       "env": {"LOG_WRITER_STEP_S": str(step_s)}},
-           "batch": {"prompts_per_step": 4, "samples_per_prompt": 8},
-           "optimizer": {"reference_sequences": 32, "reference_lr": 1e-4},
-           "target": {"metric": "eval/x/reward/mean@1", "value": 0.5, "gain": None},
-           "budget": {"max_samples": 1024}, "eval": {"every_samples": 64},
-           "checkpoint": {"every_samples": 128},
-           "profile": {"prompts_per_step": [8], "seeds": 1, "confirm_seeds": 0,
-                       "fixed_lr_control": False, "concurrency": [], "min_evaluations": 3}}
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    return config
+    """The stand-in's profile (verl's log format, a reward rising with samples), each step
+    taking `step_s` seconds: the baseline and B = 64."""
+    return standin_profile(tmp_path, name, {"LOG_WRITER_STEP_S": step_s})
 
 
 # ---------------------------------------------------------------- SIGTERM to the profile

@@ -88,7 +88,8 @@ def test_verl_composes_every_override_of_a_trial_and_of_plan(tmp_path):
             got = _select(cfg, key)
             assert str(got).lower() == value.lower() or \
                 (isinstance(got, (int, float)) and float(got) == float(value)) or \
-                (key == "trainer.logger" and list(got) == ["console", "file"]), (key, got)
+                (key == "trainer.logger" and list(got) == ["console", "wandb", "file"]), \
+                (key, got)  # verl's own loggers (ppo_trainer.yaml) and its file logger
         # the runtime env the log path is appended under exists (a `+` key is never refused)
         assert _select(cfg, "ray_kwargs.ray_init.runtime_env") is not None
     for settings in _plan_settings("verl"):

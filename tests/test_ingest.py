@@ -303,24 +303,27 @@ def test_prime_rl_directory_round_trip(tmp_path, capsys):
     ingest(["prime-rl", str(FIX / "prime-rl" / "run"), "--out", str(out), "--lr", "1e-6"], capsys)
     run = read_run(out)
     # samples = progress/total_rollouts (logged before the step is added) + progress/rollouts;
-    # time - (5000 - time/step 4) = 4, 13, 19
+    # train_s: the time of the trainer's line for the step (policy s exists) less the start of
+    # the orchestrator's first step (5000 - time/step 4): 5004.7, 5013.7, 5019.6 - 4996
     assert col(run.steps, "samples") == [8, 16, 24]
     assert col(run.steps, "prompts") == [2, 4, 6]
-    assert col(run.steps, "train_s") == [4.0, 13.0, 19.0]
+    assert col(run.steps, "train_s") == pytest.approx([8.7, 17.7, 23.6], abs=1e-9)
     assert col(run.steps, "tokens") == [400, 900, 1350]
     # the reward of all the step's rollouts, not of the shipped subset (`effective`)
     assert col(run.steps, "reward/mean") == [0.2, 0.4, 0.5]
     assert col(run.steps, "actor/grad_norm") == [0.2, 0.25, 0.15]  # from the trainer's file
     assert col(run.steps, "actor/loss") == [0.01, 0.02, None]
-    assert run.evals == [{"step": 2, "samples": 16, "train_s": 13.0,
+    assert run.evals == [{"step": 2, "samples": 16, "train_s": pytest.approx(17.7, abs=1e-9),
                           "eval/gsm8k/all/agent/avg@1": 0.3}]
     assert run.config["derived"]["sequences_per_step"] == 8  # progress/rollouts per step
     assert len(run.manifest["sources"]) == 2
 
 
 def test_prime_rl_one_file_for_trainer_and_orchestrator(tmp_path, capsys):
-    """The `rl` entry point's layout: both write one metrics.jsonl. The trainer's lines
-    (here before the orchestrator's, with their own time/step) do not date a step."""
+    """The `rl` entry point's layout: both write one metrics.jsonl. A step is dated by its
+    trainer line (policy s exists then; the orchestrator logs step s when it ships batch s,
+    up to two steps earlier), from the start of the orchestrator's first step; the trainer's
+    own time/step does not move the origin."""
     rows = []
     for step, (t, total) in enumerate([(100.0, 0), (110.0, 16)], start=1):
         rows.append({"step": step, "time": t + 50.0, "time/step": 99.0, "optim/lr": 1e-6,
@@ -335,7 +338,7 @@ def test_prime_rl_one_file_for_trainer_and_orchestrator(tmp_path, capsys):
     ingest(["prime-rl", str(path), "--out", str(out)], capsys)
     run = read_run(out)
     assert col(run.steps, "samples") == [16, 32] and col(run.steps, "prompts") == [4, 8]
-    assert col(run.steps, "train_s") == [5.0, 15.0]  # 100 - 5 is the origin
+    assert col(run.steps, "train_s") == [55.0, 65.0]  # 150, 160 less the origin 100 - 5
     assert col(run.steps, "actor/grad_norm") == [0.1, 0.2]
 
 

@@ -108,7 +108,7 @@ def test_five_random_kills_resume_to_the_uninterrupted_log(tiny_model_dir, tmp_p
 # B0 = 32 (P0 = 4, eta0 = 5e-5, the presets' rule at B = 32), no sqrt-scaled candidate
 # (`--batches 4` is the baseline's P), the fixed-LR control at 2 x B0, which is never
 # recommended (it is outside the baseline's LR-scaling family), and no early stops (where
-# they land depends on timing). So the decision is the baseline with evidence `none_faster`
+# they land depends on timing). So the decision is the baseline with evidence `nothing_compared`
 # on any machine and every trial runs to its target or budget: both profiles must run the
 # same trials to the same logs. A decode sweep over one concurrency (its choice does not
 # depend on timing either); min_evaluations=1, so that the profile never refuses on its
@@ -249,7 +249,7 @@ def test_profile_killed_in_its_sweep_and_trials_reruns_nothing_finished(tiny_mod
     if a["problem"] is None:  # both seeds of the baseline crossed, after their first eval
         assert {k: b["decision"][k] for k in DECISION_KEYS} == \
             {k: a["decision"][k] for k in DECISION_KEYS}
-        assert b["decision"]["is_reference"] and b["decision"]["evidence"] == "none_faster"
+        assert b["decision"]["is_reference"] and b["decision"]["evidence"] == "nothing_compared"
     else:
         assert a["decision"] is None and b["decision"] is None
     if a["analysis"] is None:  # a baseline with a problem stops the profile before analysis

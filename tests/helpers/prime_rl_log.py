@@ -4,7 +4,7 @@ same file.
 
 Follows PrimeIntellect-ai/prime-rl at 559b44772e471d1538537b8805cc77f3824a5e64:
 - one line per `monitors.log` call, `{"step", "time", **metrics}`, opened in append mode
-  (src/prime_rl/utils/monitors/file.py:30,40-41); the `rl` entrypoint points the trainer and
+  (src/prime_rl/monitors/file.py:30,40-41); the `rl` entrypoint points the trainer and
   the orchestrator at one run folder (src/prime_rl/entrypoints/rl.py:397-404);
 - the orchestrator ships batch s once the policy version is at least s - 2 (TARGET_LAG = 1,
   src/prime_rl/orchestrator/orchestrator.py:101-104,662-680) and logs one line for step s

@@ -210,7 +210,11 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA,
     best = min(winners, key=lambda e: (e["time_to_target"], e["config"])) if winners else ref
     pending = open_candidates(entries, ref, winners)
     compared = [e for e in fam if e["seeds"] >= MIN_SEEDS and e["verdict"] != "too_easy"]
-    evidence = "established" if winners else ("not_enough" if pending else "none_faster")
+    analysed = len([e for e in fam if e is not ref])
+    # nothing_compared: no candidate of the family has runs (each failed, or none was run),
+    # which is not "shown not faster" (none_faster)
+    evidence = "established" if winners else ("not_enough" if pending else (
+        "none_faster" if analysed else "nothing_compared"))
     is_ref = best is ref
     vs = best.get("vs_reference") or {}
     m = max(1, len([e for e in fam if e is not ref]))
@@ -232,7 +236,7 @@ def recommend(entries: list[dict], reference: str, alpha: float = DEFAULT_ALPHA,
         "p_faster_than_reference": None if is_ref else vs.get("p_faster"),
         "p_faster_family": None if is_ref else vs.get("p_faster_family"),
         "alpha": alpha,
-        "candidates_analysed": len([e for e in fam if e is not ref]),
+        "candidates_analysed": analysed,
         "shown_faster": [e["config"] for e in winners],
         "compared": [{"config": e["config"], "seeds": e["seeds"], "verdict": e["verdict"],
                       "censored_runs": e.get("censored_runs", 0)} for e in compared],

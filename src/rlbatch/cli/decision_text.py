@@ -59,10 +59,10 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
     why = {"established": f"its time-to-target advantage is shown at one-sided {alpha:.0%}",
            "none_faster": "no candidate was shown faster, and none is left open (each was "
                           "stopped early, departed, or slower at its point estimate)",
-           "not_enough": "no candidate's advantage is shown yet"}[rec["evidence"]]
-    if rec["evidence"] == "none_faster" and rec.get("candidates_analysed") == 0:
-        why = ("no candidate of the baseline's family has runs to compare (each failed or "
-               "none was run): nothing was compared")
+           "not_enough": "no candidate's advantage is shown yet",
+           "nothing_compared": "no candidate of the baseline's family has runs to compare "
+                               "(each failed or none was run): nothing was compared"
+           }[rec["evidence"]]
     nstar = ("N* from a stretch fitted to each run's rising curve"
              if str(rec.get("statistic", "")).startswith("stretch")
              else "N* at each run's first crossing of the target")

@@ -160,20 +160,23 @@ def _check_before_writing(cfg, executor: str, trial_gpus: float) -> None:
     executors.check_trial_gpus(executor, trial_gpus, cfg)
     if cfg.backend != "command":
         return
-    from rlbatch.backends.command.run import check_command, check_openrlhf_eval_set
+    from rlbatch.backends.command.run import check_command, check_framework_files
     from rlbatch.profile.trials import profile_prompts
 
     if executor == "local":
         check_command(cfg, profile_prompts(cfg))
-    elif cfg.command.framework == "openrlhf":  # the evaluation set, where it is seen here
-        check_openrlhf_eval_set(cfg, cfg.command.workdir or ".", profile_prompts(cfg))
+    else:  # the framework's files, where they are seen here
+        check_framework_files(cfg, cfg.command.workdir or ".", profile_prompts(cfg))
 
 
 def baseline_failed(doc: dict) -> bool:
-    """No decision because a baseline trial failed: the profile then exits 2 (its trials'
-    reasons are in `failed_trials`; re-running resumes them)."""
+    """No decision because a baseline trial failed (its status `failed`, or counted failed
+    by the driver: `failed_trials`, a trial killed without a final status included): the
+    profile then exits 2 (its trials' reasons are in `failed_trials`)."""
+    failed = doc.get("failed_trials") or {}
     base = [t for t in doc.get("trials") or [] if t.get("kind") == "baseline"]
-    return doc.get("decision") is None and any(t.get("status") == "failed" for t in base)
+    return doc.get("decision") is None and any(
+        t.get("status") == "failed" or t.get("trial") in failed for t in base)
 
 
 def _run_live(run, cfg, out_dir: str, ex) -> dict:
@@ -254,11 +257,14 @@ def _next_command(doc: dict, out_dir: str) -> str | None:
 def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = False) -> None:
     """The decision in words (or as JSON); `continuing`: a look that --follow follows, so
     the command that would continue it is not printed."""
+    from rlbatch.profile.driver import refused_checkpoint
+
     d, cost = doc["decision"], doc["cost"]
     command = _next_command(doc, out_dir)
     if as_json:
         print_json({"profile_dir": out_dir, "decision": d, "cost": cost, "problem": doc["problem"],
-                    "failed_trials": doc.get("failed_trials") or {}, "next_command": command})
+                    "failed_trials": doc.get("failed_trials") or {},
+                    "trial_warnings": doc.get("trial_warnings") or [], "next_command": command})
         return
     print(f"profile: {out_dir}/profile.json")
     if doc.get("strategy") == "probe" and d is not None:
@@ -270,14 +276,21 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = F
         c = decode["chosen"] if decode.get("passed_to_command", True) else None
         for line in decision_lines(doc["analysis"], c):
             print(line)
+    for line in warning_lines(doc.get("trial_warnings") or []):
+        print(line)
     m = cost.get("multiple_of_baseline_time_to_target")
     grid = cost.get("fraction_of_grid")
     print(f"profiling cost: {cost['total_s']:.1f} training seconds"
           + (f" = {m:.2f}x one baseline run's time to target" if m else "")
           + (f" ({grid:.0%} of the exhaustive grid's estimate)" if grid else ""))
-    for name, why in (doc.get("failed_trials") or {}).items():
+    failed = doc.get("failed_trials") or {}
+    for name, why in failed.items():
         print(f"trial {name} failed and is left out of the decision: {why}")
-    if doc.get("failed_trials"):
+        if refused_checkpoint(why):  # a re-run would be refused the same way
+            print(f"trial {name}: its checkpoint was refused, so re-running does not resume it: "
+                  "remove the checkpoint its line names, or start it over with `rlbatch train "
+                  f"{out_dir}/trials/{name}.yaml --fresh`, then re-run the profile")
+    if any(not refused_checkpoint(why) for why in failed.values()):
         print("re-running the same command resumes the failed trials (finished ones are kept)")
     if continuing:
         return
@@ -288,6 +301,19 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = F
               "the lowest point T (profile.follow_up: challenger)")
     if command:
         print(f"to continue this profile (finished trials are kept): {command}")
+
+
+WARNINGS_SHOWN = 10  # trial warnings printed beside the decision; the rest are counted
+
+
+def warning_lines(warned: list[dict]) -> list[str]:
+    """One `warning:` line per warning that changed the rows of a trial in the analysis
+    (profile.json `trial_warnings`), with the trial's name; past WARNINGS_SHOWN, a count."""
+    lines = [f"warning: trial {w['trial']}: {w['warning']}" for w in warned[:WARNINGS_SHOWN]]
+    if len(warned) > WARNINGS_SHOWN:
+        lines.append(f"warning: +{len(warned) - WARNINGS_SHOWN} more (profile.json "
+                     "trial_warnings)")
+    return lines
 
 
 def probe_decision_line(d: dict) -> str:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
+from rlbatch.backends.command.run import CHECKPOINT_REFUSED, CHECKPOINT_TRIES, exit_words
 from rlbatch.core.config import Config
 from rlbatch.core.errors import EXIT_DIVERGED, UserError, sanitize
 from rlbatch.core.loading import validate_config
@@ -41,6 +42,10 @@ from rlbatch.profile.trials import Trial, baseline_prompts
 
 Progress = Callable[[list[dict]], None]
 Stopper = Callable[[dict], "str | None"]
+# processes of one trial in a row that may end without a final status (killed by a signal:
+# SIGKILL, the OOM killer) before the trial is counted failed: the limit of a command's
+# attempts on one checkpoint, backends/command/run.py CHECKPOINT_TRIES
+KILLED_TRIES = CHECKPOINT_TRIES
 
 
 class Journal:
@@ -70,6 +75,44 @@ def trial_status(trial: Trial) -> dict:
             "failure": summary.get("failure"), "run_dir": str(d)}
 
 
+def trial_done(trial: Trial, failed: Collection[str] = ()) -> bool:
+    """The one rule for a trial that enters the evidence, the analysis and the decision: its
+    own process wrote a final status (core/runlog.py FINISHED), and the driver did not count
+    it failed (`failed`, `Driver.failed`). A trial whose process was killed keeps the status
+    `running`: nothing wrote its end, and its rows stop for a reason that is not its
+    configuration's."""
+    return trial.name not in failed and trial_status(trial)["status"] in FINISHED
+
+
+def killed_by_signal(code: int) -> bool:
+    """A return code of a process a signal ended: negative (Python's subprocess), or 128 + N
+    (a shell's, a Ray job's)."""
+    return code < 0 or 128 < code < 128 + 65
+
+
+def code_words(code: int) -> str:
+    """A trial's return code in words: `killed by SIGKILL`, or `exit N`."""
+    return exit_words(code) if code < 0 else f"exit {code}"
+
+
+def refused_checkpoint(why: str | None) -> bool:
+    """Whether a trial's failure is its checkpoint refused (backends/command/run.py
+    `bad_checkpoint`): a re-run does not resume such a trial, so none is advised."""
+    return f"command: {CHECKPOINT_REFUSED}:" in (why or "")
+
+
+def resume_advice(why: str | None, trial: Trial, them: str = "them") -> str:
+    """What to do about a failed `trial`: re-run the profile (it resumes the trial), unless
+    its checkpoint was refused: then remove it, or start the trial over (its config is
+    `trials/<name>.yaml` of the profile folder, `Driver._submit`)."""
+    if refused_checkpoint(why):
+        config = trial.run_dir().parent.parent / "trials" / f"{trial.name}.yaml"
+        return ("its checkpoint was refused, so a re-run would not resume it: remove the "
+                f"checkpoint the failure names, or start the trial over with `rlbatch train "
+                f"{config} --fresh`, then re-run the profile")
+    return f"re-run the profile to resume {them}"
+
+
 def trial_ended(trial: Trial) -> bool:
     """Ended for good. A `stopped` trial whose STOP file was removed is not: its process
     continues it (a probe being extended, profile/probing.py)."""
@@ -86,6 +129,7 @@ class Driver:
         self.poll_s = poll_s
         self.all: list[Trial] = []
         self.failed: dict[str, str] = {}  # trial name -> why, for the trials that failed
+        self._killed: dict[str, int] = {}  # trial name -> its processes killed in a row
         self._noted: set[str] = set()  # trials whose earlier-release directory was said
 
     def run(self, trials: list[Trial], stopper: Stopper | None = None) -> None:
@@ -115,17 +159,8 @@ class Driver:
             while pending and self.ex.capacity() > 0:
                 self._submit(pending.pop(0))
             for fin in self.ex.poll():
-                st = trial_status(by_name[fin.name])
-                self.journal.log("finished", trial=fin.name, returncode=fin.returncode,
-                                 status=st["status"], stop_reason=st["stop_reason"],
-                                 failure=st["failure"])
-                diverged = fin.returncode == EXIT_DIVERGED and st["status"] == "diverged"
-                if fin.returncode != 0 and not diverged:  # a diverged trial is a result
-                    said = st["failure"] if st["status"] == "failed" else last_error(fin.log)
-                    self._failed(fin, f"exit {fin.returncode}" + (f": {said}" if said else ""))
-                elif st["status"] not in FINISHED:
-                    self._failed(fin, f"exit {fin.returncode}, but its run is not finished "
-                                      f"(status {st['status']})")
+                if self._ended(fin, by_name[fin.name]):
+                    pending.insert(0, by_name[fin.name])
             for name in self.ex.running():
                 st = trial_status(by_name[name])
                 reason = stopper(st) if stopper else None
@@ -142,6 +177,42 @@ class Driver:
         if self.progress is not None:  # statuses are read only for someone to see
             self.progress([trial_status(t) for t in self.all])
 
+    def _ended(self, fin, trial: Trial) -> bool:
+        """Judge a trial whose process ended; True when it is to be started again: its
+        process was killed by a signal before writing a final status (the summary still
+        `running`), fewer than KILLED_TRIES times in a row, so the next `rlbatch train
+        --resume` continues it from its checkpoint. Otherwise a trial without a final
+        status, or one whose process failed, is counted failed (`_failed`)."""
+        st = trial_status(trial)
+        code = fin.returncode
+        self.journal.log("finished", trial=fin.name, returncode=code, status=st["status"],
+                         stop_reason=st["stop_reason"], failure=st["failure"])
+        final = st["status"] in FINISHED
+        if not final and st["status"] != "failed" and killed_by_signal(code):
+            kills = self._killed[fin.name] = self._killed.get(fin.name, 0) + 1
+            what = (f"{code_words(code)} without writing a final status (status "
+                    f"{st['status']})")
+            if kills < KILLED_TRIES:
+                self.journal.log("resumed_after_kill", trial=fin.name, returncode=code,
+                                 kills=kills)
+                print(f"trial {fin.name}: {what}: started again to resume from its "
+                      f"checkpoint ({kills} of {KILLED_TRIES} such ends)", file=sys.stderr,
+                      flush=True)
+                return True
+            line = last_line(fin.log)
+            self._failed(fin, f"{what}, {kills} times in a row: not started again"
+                              + (f"; its last line: {line}" if line else ""))
+            return False
+        self._killed.pop(fin.name, None)
+        diverged = code == EXIT_DIVERGED and st["status"] == "diverged"
+        if code != 0 and not diverged:  # a diverged trial is a result
+            said = st["failure"] if st["status"] == "failed" else last_error(fin.log)
+            self._failed(fin, code_words(code) + (f": {said}" if said else ""))
+        elif not final:
+            self._failed(fin, f"{code_words(code)}, but its run is not finished (status "
+                              f"{st['status']})")
+        return False
+
     def _failed(self, fin, why: str) -> None:
         """A trial that failed is written down and left out; the profile goes on (a re-run
         of the profile resumes it)."""
@@ -152,6 +223,7 @@ class Driver:
         cfg_path = self.out / "trials" / f"{t.name}.yaml"
         atomic_write_text(cfg_path, yaml_text(t.config.resolved_dict()))
         log = self.out / "logs" / f"{t.name}.log"
+        self.failed.pop(t.name, None)  # started again: failed only if it fails again
         self.ex.submit(t.name, cfg_path, log)
         self.journal.log("started", trial=t.name, run_dir=str(t.run_dir()))
 
@@ -165,6 +237,15 @@ def last_error(log: Path) -> str | None:
         return None
     errors = [x for x in lines if x.startswith("error: ")]
     return sanitize(errors[-1][len("error: "):])[:500] if errors else None
+
+
+def last_line(log: Path) -> str | None:
+    """The last line of a trial's log that is not empty, sanitized; None if there is none."""
+    try:
+        lines = [x for x in log.read_text(errors="replace").splitlines()[-50:] if x.strip()]
+    except OSError:
+        return None
+    return sanitize(lines[-1].strip())[:300] if lines else None
 
 
 def open_profile_dir(out: str | Path) -> Path:
@@ -261,12 +342,13 @@ def target_of(cfg: Config) -> Target:
 
 
 def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial],
-                   alpha: float | None = None) -> dict:
+                   alpha: float | None = None, failed: Collection[str] = ()) -> dict:
     """The analysis of this profile's own trials: runs that earlier attempts with other
     settings left in the same folder are not part of its decision, nor are failed trials
-    (their rows stop where they failed, for a reason that is not the configuration's)."""
+    (`trial_done`: their rows stop where they failed, for a reason that is not the
+    configuration's; `failed` names those the driver counted failed)."""
     dirs = [t.run_dir() for t in trials if (t.run_dir() / "config.yaml").exists()
-            and trial_status(t)["status"] != "failed"]
+            and trial_done(t, failed)]
     extra = {} if alpha is None else {"alpha": alpha}
     return analyze(dirs, target_of(cfg), reference_run=str(reference.run_dir()),
                    margin=cfg.profile.margin, statistic=cfg.profile.statistic,
@@ -274,10 +356,25 @@ def analyze_trials(cfg: Config, out: Path, reference: Trial, trials: list[Trial]
 
 
 def baseline_times(trials: list[dict]) -> list[float]:
-    """The times to target of the baseline's runs that reached it (trial status rows)."""
+    """The times to target of the baseline's runs that reached it and ended (trial status
+    rows; a run without a final status is not measured)."""
     return [t["target"]["train_s"] for t in trials
-            if t["kind"] == "baseline" and t["target"].get("reached")
+            if t["kind"] == "baseline" and t["status"] in FINISHED and t["target"].get("reached")
             and t["target"].get("train_s") is not None]
+
+
+def trial_warnings(trials: list[Trial], failed: Collection[str] = ()) -> list[dict]:
+    """What changed the rows of the trials that entered the analysis (`trial_done`), one
+    {"trial", "warning"} each: the converter's warnings kept in each summary.json's
+    `command.warnings` (restarts, rotated or truncated logs, values that are not numbers or
+    not finite, rows dropped), which the profile prints beside its decision."""
+    out = []
+    for t in trials:
+        if not trial_done(t, failed):
+            continue
+        command = read_json(t.run_dir() / "summary.json").get("command") or {}
+        out += [{"trial": t.name, "warning": str(w)} for w in command.get("warnings") or []]
+    return out
 
 
 def profile_cost(trials: list[dict], decode: dict, result: dict | None) -> dict:

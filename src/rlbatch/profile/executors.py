@@ -27,10 +27,25 @@ from rlbatch.core.errors import ConfigError
 from rlbatch.core.launch import module_argv
 
 
+def available_threads() -> int:
+    """The threads the profile's trials may use together: `RLBATCH_THREADS` where the
+    profile's own environment sets it (a machine shared with other work), otherwise the CPUs
+    this process may run on (its affinity: taskset, a cgroup cpuset, a batch scheduler's
+    allocation), not every core of the machine."""
+    given = os.environ.get("RLBATCH_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity call (macOS)
+        return os.cpu_count() or 1
+
+
 def trial_env(workers: int) -> dict:
-    """Environment of a trial process: unbuffered output, and the machine's cores split
-    between concurrent trials (oversubscribed intra-op threads slow every trial down)."""
-    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    """Environment of a trial process: unbuffered output, and the available threads split
+    between concurrent trials (oversubscribed intra-op threads slow every trial down, by 10x
+    and more where two trials' threads spin on the same cores)."""
+    threads = max(1, available_threads() // max(1, workers))
     return dict(os.environ, PYTHONUNBUFFERED="1", RLBATCH_THREADS=str(threads))
 
 
@@ -231,8 +246,17 @@ RAY_DRIVER_FRAMEWORKS = ("verl", "openrlhf")
 
 
 def check_trial_gpus(executor: str, trial_gpus: float, cfg) -> None:
-    """Refuse `--trial-gpus` on a ray-job whose command starts its own GPU actors."""
+    """Refuse `--trial-gpus` on a ray-job whose command starts its own GPU actors, and
+    `--executor ray` for such a command: its driver calls `ray.init` itself (verl 1dda039
+    verl/trainer/main_ppo.py 57-74, OpenRLHF 3c3be62 openrlhf/cli/train_ppo_ray.py 21-24)
+    and asks Ray for its actors' GPUs, which a Ray task holding the trial cannot pass on;
+    a Ray job (RayJobExecutor) is how such a driver is run on a cluster."""
     framework = cfg.command.framework if cfg.backend == "command" and cfg.command else None
+    if executor == "ray" and framework in RAY_DRIVER_FRAMEWORKS:
+        raise ConfigError(
+            f"--executor ray: {framework}'s driver starts Ray and its GPU actors itself, "
+            "which a trial run as a Ray task cannot hold; use --executor ray-job --address "
+            "http://HEAD:8265 (each trial a Ray job)")
     if executor == "ray-job" and trial_gpus > 0 and framework in RAY_DRIVER_FRAMEWORKS:
         raise ConfigError(
             f"--trial-gpus {trial_gpus:g}: a Ray job's GPUs are reserved for its entrypoint, "

@@ -33,9 +33,11 @@ from rlbatch.profile.driver import (
     analyze_trials,
     baseline_times,
     profile_cost,
+    resume_advice,
     start_profile,
     target_of,
     trial_status,
+    trial_warnings,
 )
 from rlbatch.profile.procedure import (
     baseline_evidence,
@@ -143,7 +145,7 @@ def run_probe_profile(cfg: Config, out: str | Path, executor, *,
     c = session.concurrency
     base = plan_trials(cfg, out / "runs", c, [cfg.seed], kinds=("baseline",))[0]
     driver.run([base])
-    ev = baseline_evidence([base], cfg)
+    ev = baseline_evidence([base], cfg, driver.failed)
     require_evaluations(ev, cfg)
     if ev["problem"]:
         return _write(cfg, out, driver, decode, None, ev["problem"], [], {})
@@ -200,9 +202,9 @@ def _probe_rounds(pr: _Probing) -> tuple[list[dict], Plan, dict]:
                 reopen(t)
         pr.driver.run(todo, lambda st: probe_stop_reason(st, pr.limits[st["trial"]]))
         if pr.base_probe.name in pr.driver.failed:
-            raise BaselineFailed(f"the baseline's probe {pr.base_probe.name} failed "
-                                 f"({pr.driver.failed[pr.base_probe.name]}); re-run the "
-                                 "profile to resume it")
+            why = pr.driver.failed[pr.base_probe.name]
+            raise BaselineFailed(f"the baseline's probe {pr.base_probe.name} failed ({why}); "
+                                 + resume_advice(why, pr.base_probe, "it"))
         dropped |= set(pr.driver.failed)  # a failed probe is left out, named in the trials
         preds = _predictions(pr.cfg, pr.base, pr.base_probe,
                              [t for t in pr.cands if t.name not in pr.driver.failed])
@@ -343,7 +345,8 @@ def _write(cfg: Config, out: Path, driver: Driver, decode: dict, decision: dict 
            problem: str | None, rounds: list[dict], preds: dict, base: Trial | None = None
            ) -> dict:
     trials = [trial_status(t) for t in driver.all]
-    result = analyze_trials(cfg, out, base, driver.all) if base is not None else None
+    result = (analyze_trials(cfg, out, base, driver.all, failed=driver.failed)
+              if base is not None else None)
     cost = profile_cost(trials, decode, result)
     grid = _grid_cost(trials, preds, cost["baseline_time_to_target_s"])
     cost.update(grid_estimate_s=grid,
@@ -351,7 +354,9 @@ def _write(cfg: Config, out: Path, driver: Driver, decode: dict, decision: dict 
     base_times = baseline_times(trials)
     doc = {"config": cfg.name, "strategy": "probe", "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
-           "failed_trials": driver.failed, "predictions": preds, "rounds": rounds, "cost": cost, "analysis": result,
+           "failed_trials": driver.failed,
+           "trial_warnings": trial_warnings(driver.all, driver.failed), "predictions": preds,
+           "rounds": rounds, "cost": cost, "analysis": result,
            "baseline_times": base_times,
            "baseline_time_median": statistics.median(base_times) if base_times else None}
     atomic_write_json(out / "profile.json", doc)

@@ -28,9 +28,12 @@ from rlbatch.profile.driver import (
     Progress,
     analyze_trials,
     profile_cost,
+    resume_advice,
     start_profile,
     target_of,
+    trial_done,
     trial_status,
+    trial_warnings,
 )
 from rlbatch.profile.trials import Trial, baseline_prompts, plan_trials
 
@@ -83,20 +86,24 @@ def stop_limits(ev: dict, prof) -> tuple[float, float, tuple[str, str] | None]:
         f"crosses in {conf} of runs:"))
 
 
-def baseline_evidence(base: list[Trial], cfg: Config) -> dict:
+def baseline_evidence(base: list[Trial], cfg: Config, failed: dict | None = None) -> dict:
     """N* and T of the baseline's runs from their logs: median T, largest N*, and the fewest
-    evaluations before a crossing; `problem` when they cannot anchor a comparison."""
+    evaluations before a crossing; `problem` when they cannot anchor a comparison. Only the
+    runs that ended (`trial_done`) count; `failed`: the driver's failed trials and why."""
     from rlbatch.analysis.crossing import run_result
     from rlbatch.analysis.runs import frames_from_runs
     from rlbatch.core.runlog import read_run
 
-    failed = [t for t in base if trial_status(t)["status"] == "failed"]
-    base = [t for t in base if t not in failed]
+    failed = failed or {}
+    left_out = [t for t in base if not trial_done(t, failed)]
+    base = [t for t in base if t not in left_out]
     if not base:
-        why = trial_status(failed[0])["failure"] or "no reason recorded"
+        first = left_out[0]
+        why = failed.get(first.name) or trial_status(first)["failure"] or (
+            f"no final status (status {trial_status(first)['status']})")
         return {"runs": 0, "reached": 0,
-                "problem": f"every baseline trial failed (the first, {failed[0].name}: {why}); "
-                           "re-run the profile to resume them"}
+                "problem": f"every baseline trial failed (the first, {first.name}: {why}); "
+                           + resume_advice(why, first)}
     frames = frames_from_runs([read_run(t.run_dir()) for t in base])
     res = [run_result(frames.run_steps(str(t.run_dir())), frames.run_evals(str(t.run_dir())),
                       target_of(cfg)) for t in base]
@@ -109,7 +116,7 @@ def baseline_evidence(base: list[Trial], cfg: Config) -> dict:
         return out
     if 2 * len(crossed) <= len(res) and len(crossed) < len(res):
         out["problem"] = (f"the baseline reached the target in only {len(crossed)} of its "
-                          f"{len(res)} seeds (raise budget.max_samples or lower the target)")
+                          f"{len(res)} seeds ({_short_advice(base, res)})")
         return out
     nstars = sorted(r["samples_to_target"] for r in crossed)
     evals = min(r["evaluations_before_target"] for r in crossed)
@@ -123,6 +130,27 @@ def baseline_evidence(base: list[Trial], cfg: Config) -> dict:
         # every seed, the earliest-crossing one included, gets `need` evaluations before N*
         out["dense_every"] = max(1, int(nstars[0] // (need + 1)))
     return out
+
+
+def _short_advice(base: list[Trial], res: list[dict]) -> str:
+    """What would let the baseline reach the target: a larger budget, unless a run that did
+    not cross ended by its command's own step or epoch limit (stop_reason `ended_short`,
+    backends/command/run.py), or diverged, which a larger budget does not move either."""
+    censored = [(t, trial_status(t)) for t, r in zip(base, res, strict=True) if r["censored"]]
+    diverged = [(t, st) for t, st in censored if st["status"] == "diverged"]
+    if diverged:
+        t, st = diverged[0]
+        return (f"{t.name} diverged at {st['samples']:,} samples (a loss or gradient that is "
+                "not finite): a larger budget does not change that; lower "
+                "optimizer.reference_lr, or look at the run's warnings")
+    short = [(t, st) for t, st in censored
+             if str(st["stop_reason"] or "").startswith("ended_short")]
+    if not short:
+        return "raise budget.max_samples or lower the target"
+    t, st = short[0]
+    return (f"{t.name}'s command ended by its own step or epoch limit at {st['samples']:,} "
+            f"samples, before budget.max_samples: a larger budget does not change that; "
+            "raise the command's own step or epoch limit in command.argv, or lower the target")
 
 
 def require_evaluations(ev: dict, cfg: Config) -> None:
@@ -161,7 +189,7 @@ def denser_baseline(cfg: Config, runs: Path, c: int, seeds: list[int], ev: dict,
                 evaluations_before_target=ev["evaluations_before_target"],
                 trials=[t.name for t in base])
     driver.run(base)
-    return base, baseline_evidence(base, cfg)
+    return base, baseline_evidence(base, cfg, driver.failed)
 
 
 def candidate_eval_every(cfg: Config, median_nstar: float) -> int:
@@ -193,7 +221,7 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     # than one seed of it (its median T, its largest N*), at no extra cost
     base = plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",))
     driver.run(base)
-    ev = baseline_evidence(base, cfg)
+    ev = baseline_evidence(base, cfg, driver.failed)
     if ev["problem"]:
         return _finish(cfg, out, driver, decode, None, ev["problem"])
     sparse = []
@@ -215,7 +243,8 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
                if prof.early_stop else None)
     driver.run(cands, stopper)
     decided = [t for t in driver.all if t not in sparse]  # the sparse baseline is superseded
-    result = analyze_trials(cfg, out, _reference(base), decided, alpha)
+    result = analyze_trials(cfg, out, _reference(base, driver.failed), decided, alpha,
+                            driver.failed)
     chosen = challenger(result) if extra else None
     winner = next((t for t in cands if chosen is not None and _config_id(result, t) == chosen),
                   None)
@@ -225,9 +254,11 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
                    if t.name.rsplit("-s", 1)[0] == winner.name.rsplit("-s", 1)[0]]
         journal.log("confirming", challenger=chosen, trials=[t.name for t in confirm])
         driver.run(confirm, stopper)
-        result = analyze_trials(cfg, out, _reference(base),
-                                [t for t in driver.all if t not in sparse], alpha)
-    return _finish(cfg, out, driver, decode, result, result.get("problem"))
+        result = analyze_trials(cfg, out, _reference(base, driver.failed),
+                                [t for t in driver.all if t not in sparse], alpha,
+                                driver.failed)
+    return _finish(cfg, out, driver, decode, result, result.get("problem"),
+                   [t for t in driver.all if t not in sparse])
 
 
 def look_alpha(journal: Journal, prof) -> float:
@@ -293,9 +324,10 @@ def challenger_follow_up(result: dict) -> dict:
             "next_set": {"profile.seeds": seeds}}
 
 
-def _reference(base: list[Trial]) -> Trial:
-    """The baseline run the analysis names as its reference: the first that did not fail."""
-    return next((t for t in base if trial_status(t)["status"] != "failed"), base[0])
+def _reference(base: list[Trial], failed: dict) -> Trial:
+    """The baseline run the analysis names as its reference: the first that ended
+    (`trial_done`)."""
+    return next((t for t in base if trial_done(t, failed)), base[0])
 
 
 def _config_id(result: dict, trial: Trial) -> str | None:
@@ -306,8 +338,11 @@ def _config_id(result: dict, trial: Trial) -> str | None:
 
 
 def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict | None,
-            problem: str | None) -> dict:
+            problem: str | None, decided: list[Trial] | None = None) -> dict:
+    """profile.json: the decision, its evidence, the trials (those failed named with why),
+    the warnings of the trials in the analysis (`trial_warnings`) and the cost."""
     trials = [trial_status(t) for t in driver.all]
+    warned = trial_warnings(driver.all if decided is None else decided, driver.failed)
     cost = profile_cost(trials, decode, result)
     rec = (result or {}).get("recommendation")
     decision = None
@@ -322,9 +357,12 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
                         "passed_to_command", True) else None, **rec}
     if decision is not None and cfg.profile.follow_up == "challenger":
         decision.update(challenger_follow_up(result))
+    if decision is not None:
+        decision["trial_warnings"] = warned
     doc = {"config": cfg.name, "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
-           "failed_trials": driver.failed, "cost": cost, "analysis": result}
+           "failed_trials": driver.failed, "trial_warnings": warned, "cost": cost,
+           "analysis": result}
     atomic_write_json(out / "profile.json", doc)
     driver.journal.log("profile_finished", decision=None if decision is None else rec["config"])
     return doc

@@ -90,7 +90,9 @@ def decision_lines(d: dict) -> list[str]:
     why = {"established": "its time-to-target advantage is shown across seeds",
            "none_faster": "no candidate was shown faster, and none is left open (each was "
                           "stopped early, departed, or slower at its point estimate)",
-           "not_enough": "no candidate's advantage is shown yet"}
+           "not_enough": "no candidate's advantage is shown yet",
+           "nothing_compared": "no candidate of the baseline's family has runs to compare "
+                               "(each failed or none was run): nothing was compared"}
     lines.append(f"Evidence: {d.get('evidence')} ({why.get(d.get('evidence'), '-')}); "
                  f"compared: {', '.join(d.get('compared') or []) or 'none with 2 seeds'}.")
     lines += [f"Against {x}." for x in d.get("against") or []]

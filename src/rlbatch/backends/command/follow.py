@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from pathlib import Path
 
 from rlbatch.core.errors import ConfigError, DataError
@@ -37,12 +38,13 @@ TRAIN_S_SOURCE = {
     "openrlhf": "the cumulative sum of OpenRLHF's timing/step_total (start-up, checkpoint "
                 "saves and evaluations left out); in logs without it, TensorBoard event wall "
                 "time since the attempt's writer opened, less evaluation time",
-    "prime-rl": "prime-rl's logged time of each step, less the start of its first step",
+    "prime-rl": "the time of each step's trainer line less its checkpoint saves, since the "
+                "start of the attempt's first step (the time between attempts left out)",
     "rlbatch": "the run's own train_s (rlbatch train's phase timers)",
 }
 # what a converter says when a log has nothing in it yet (a command still starting)
 _NOTHING_YET = ("not found", "no TensorBoard event files", "no scalar events",
-                "no training steps or evaluations")
+                "no training steps or evaluations", "no step records")
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ class Follower:
     a log changed."""
 
     def __init__(self, framework: str, options):
-        self.framework, self.options = framework, options
+        self.framework = framework
+        self.options = replace(options, live=True) if is_dataclass(options) else options
         self._sig: tuple | None = None
         self._rows: tuple[list, list] = ([], [])
         self._seen: dict[Path, tuple[list, list]] = {}  # each log's rows as last read
@@ -104,6 +107,7 @@ class Follower:
         self.cpu_s = 0.0  # CPU seconds of every read, in all
         self.last_cost_s = 0.0  # CPU seconds of the last read
         self.restarts: list[tuple[int, int, int]] = []  # (attempt, its checkpoint, 1st step)
+        self.non_numbers: dict[str, str] = {}  # evaluation key -> where it is not a number
 
     def read(self, attempts: list[Attempt]) -> tuple[list, list, bool]:
         """(step rows, evaluation rows, whether anything changed since the last read)."""
@@ -115,7 +119,7 @@ class Follower:
             self.cpu_s += self.last_cost_s
 
     def _read(self, attempts: list[Attempt]) -> tuple[list, list, bool]:
-        sig = signature(sorted({a.log for a in attempts}))
+        sig = (tuple(a.number for a in attempts), signature(sorted({a.log for a in attempts})))
         if sig == self._sig:
             return *self._rows, False
         self._sig = sig
@@ -131,6 +135,9 @@ class Follower:
                 continue
             new_steps, new_evals = self._frozen(a) or self._convert(a.log)
             resume = a.resume_step
+            if resume is not None and resume >= 0 and new_steps \
+                    and not restarted(new_steps, resume) and _last_step(steps) < resume:
+                steps, evals = self._reach(attempts[:attempts.index(a)], a)
             if restarted(new_steps, resume):
                 resume = -1  # its rows replace every earlier row: never spliced
                 note = (f"attempt {a.number} was given the checkpoint at step {a.resume_step} "
@@ -141,8 +148,109 @@ class Follower:
                     self.warnings.append(note)
                     self.restarts.append((a.number, a.resume_step, new_steps[0]["step"]))
             steps, evals = join(steps, evals, new_steps, new_evals, resume)
+        check_rows(steps, self._max_step(), attempts[-1].log if attempts else None)
         self._rows = (steps, evals)
         return steps, evals, True
+
+    def _max_step(self) -> int | None:
+        o = self.options
+        b = None if getattr(o, "prompts_per_step", None) is None or \
+            getattr(o, "samples_per_prompt", None) is None else o.prompts_per_step * o.samples_per_prompt
+        m = getattr(o, "max_samples", None)
+        return None if b is None or m is None else -(-m // b)
+
+    def _reach(self, earlier: list[Attempt], a: Attempt) -> tuple[list, list]:
+        """The rows of the attempts before `a` read again from their logs, up to any bad
+        line in them (`convert_upto_bad_line`), when the rows kept of them end before the
+        checkpoint `a` continues from: a resume must splice onto every step up to its
+        checkpoint. A DataError naming the steps lost when they still do not reach it."""
+        steps: list = []
+        evals: list = []
+        for e in earlier:
+            if e.shared:
+                continue
+            rows = self._convert_upto_bad_line(e.log)
+            if rows is None:
+                rows = self._frozen(e) or ([], [])
+            steps, evals = join(steps, evals, *rows, e.resume_step)
+        if _last_step(steps) < a.resume_step:
+            raise DataError(
+                f"attempt {a.number} continues from the checkpoint at step {a.resume_step}, "
+                f"but the rows of the attempts before it end at step {_last_step(steps)}: the "
+                f"steps {_last_step(steps) + 1}..{a.resume_step} were never logged (or not "
+                "readably); start the run over with --fresh", where=str(a.log))
+        return steps, evals
+
+    def _convert_upto_bad_line(self, log: Path) -> tuple[list, list] | None:
+        """The rows of a JSON-lines log that a bad line keeps from converting: those of every
+        valid line when they still run step after step (a garbled line between two steps),
+        else those before the first bad line; None when nothing of it converts. Each line
+        left out is warned."""
+        bad: list[int] = []
+        while len(bad) < BAD_LINES_SKIPPED:
+            rows = self._convert_lines(log, bad)
+            if not isinstance(rows, int):
+                break
+            bad.append(rows)
+        else:
+            rows = None
+        if not bad:
+            return rows
+        if rows is None or any(b["step"] - a["step"] != 1 for a, b in
+                               zip(rows[0], rows[0][1:], strict=False)):
+            rows = self._convert_lines(log, bad[:1], upto=True)
+            rows = None if isinstance(rows, int) else rows
+        note = (f"{log}: line(s) {', '.join(map(str, bad))} cannot be read; the rows of the "
+                "lines around them are kept")
+        if rows is not None and note not in self.warnings:
+            self.warnings.append(note)
+        return rows
+
+    def _convert_lines(self, log: Path, bad: list[int], upto: bool = False
+                       ) -> tuple[list, list] | int | None:
+        """The rows of `log` without its lines `bad` (`upto`: only the lines before the
+        first of them): the rows, the number of a further line that a DataError names, or
+        None for any other DataError."""
+        if not bad:
+            try:
+                return self._convert_as_it_stands(log)
+            except DataError as exc:
+                return _bad_line(exc, log)
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / log.name
+            with open(log, "rb") as src, open(copy, "wb") as dst:
+                for i, line in enumerate(src, start=1):
+                    if upto and i >= bad[0]:
+                        break
+                    dst.write(b"\n" if i in bad else line)  # line numbers kept
+            try:
+                return self._convert_as_it_stands(copy)
+            except DataError as exc:
+                return _bad_line(exc, copy)
+
+    def reached(self, attempts: list[Attempt]) -> int | None:
+        """The last step the rows of `attempts` (ended ones) hold (0: none), None when there
+        are no such attempts or their rows cannot be read: where the next attempt may resume
+        at the latest."""
+        if not attempts or any(a.shared for a in attempts):
+            return None
+        try:
+            steps = self.read(attempts)[0]
+        except DataError:
+            return None
+        return _last_step(steps)
+
+    def vanished(self, attempts: list[Attempt]) -> str | None:
+        """Why the run must fail when the log of the running attempt, from which rows were
+        read, no longer exists (deleted, not rotated: a rotation leaves a new file), else
+        None. Its rows stay kept for a resume."""
+        if not attempts:
+            return None
+        a = attempts[-1]
+        seen = self._seen.get(a.log) if not a.shared else self._rows
+        if not seen or not seen[0] or a.log.exists():
+            return None
+        return f"deleted its log {a.log} (the rows read from it are kept)"
 
     def freeze(self, a: Attempt, exit_status: int | None = None) -> None:
         """Keep the rows of an attempt that has ended in its `rows_file`, read once more
@@ -155,7 +263,10 @@ class Follower:
         try:
             rows = self._convert(a.log)
         except DataError:
-            rows = self._seen.get(a.log)
+            rows = self._convert_upto_bad_line(a.log)
+            seen = self._seen.get(a.log)
+            if rows is None or (seen is not None and _last_step(seen[0]) > _last_step(rows[0])):
+                rows = seen
         if rows is not None:
             atomic_write_json(a.rows_file, {"log": str(a.log), "exit_status": exit_status,
                                             "steps": rows[0], "evals": rows[1]})
@@ -191,10 +302,47 @@ class Follower:
                     return [], []
                 raise
             steps, evals, warnings = list(conv.steps), list(conv.evals), conv.warnings
+            for key, where in conv.summary_extra.get("non_numbers", {}).items():
+                self.non_numbers.setdefault(key, where)
         for w in warnings:
             if w not in self.warnings and "truncated" not in w:  # a line being written
                 self.warnings.append(w)
         return steps, evals
+
+
+BAD_LINES_SKIPPED = 5  # unreadable lines an ended attempt's rows are read around
+
+
+def _last_step(steps: list) -> int:
+    return steps[-1]["step"] if steps else 0
+
+
+def _bad_line(exc: DataError, log: Path) -> int | None:
+    """The line number of `log` that a converter's DataError names (`file:line`), if any."""
+    where = getattr(exc, "where", None) or ""
+    head, _, line = str(where).rpartition(":")
+    return int(line) if head == str(log) and line.isdigit() else None
+
+
+def check_rows(steps: list, max_step: int | None, log: Path | None) -> None:
+    """The ordering rule's checks on the rows of every converter (docs/design.md, "The
+    ordering rule"): a step past the run's length, or training seconds that go backwards
+    from one step to the next, mean rows the trial did not produce (a writer outside it,
+    a clock reset): a DataError naming the log and the step, so the trial fails with its
+    rows kept instead of reading a wrong T."""
+    from rlbatch.interop.ingest.logs import past_budget
+
+    where = str(log) if log is not None else "the command's log"
+    prev = None
+    for r in steps:
+        past_budget(r["step"], max_step, f"{where} (step {r['step']})")
+        t = r.get("train_s")
+        if t is not None and prev is not None and t < prev[1] - 1e-9:
+            raise DataError(f"train_s goes back from {prev[1]:.6g} s at step {prev[0]} to "
+                            f"{t:.6g} s at step {r['step']}: rows the trial's clock cannot "
+                            "have given; the rows before it are kept", where=where)
+        if t is not None:
+            prev = (r["step"], t)
 
 
 def continue_rows(steps: list, evals: list, new_steps: list, new_evals: list

@@ -66,7 +66,8 @@ def trial_spec(cfg: Config):
         seed=cfg.seed, eval_every_samples=cfg.eval.every_samples,
         checkpoint_every_samples=cfg.checkpoint.every_samples or cfg.eval.every_samples,
         max_samples=cfg.budget.max_samples, concurrency=cfg.rollout.generation_concurrency,
-        num_processes=c.num_processes, per_device_batch=c.per_device_batch, sets=sets)
+        num_processes=c.num_processes, per_device_batch=c.per_device_batch, sets=sets,
+        workdir=c.workdir)
 
 
 def check_command(cfg: Config, prompts: set[int] | None = None) -> None:
@@ -90,8 +91,22 @@ def check_command(cfg: Config, prompts: set[int] | None = None) -> None:
         raise ConfigError(f"command.argv[0]: '{program}' is not an executable program on "
                           f"{search} (or relative to {where})")
     check_model_path(c.framework, c.argv, where)
-    if c.framework == "openrlhf":
-        check_openrlhf_eval_set(cfg, where, prompts or {cfg.batch.prompts_per_step})
+    check_framework_files(cfg, where, prompts or {cfg.batch.prompts_per_step})
+
+
+def check_framework_files(cfg: Config, where: str, prompts: set[int]) -> None:
+    """What the command's own settings and the files it names refuse (interop/usercmd.py),
+    where the command runs (`where`), for the profile's trials' P (`prompts`): OpenRLHF's
+    train and evaluation sets, prime-rl's evaluation settings."""
+    from rlbatch.interop import usercmd
+
+    framework = cfg.command.framework
+    if framework == "openrlhf":
+        usercmd.check_openrlhf_train_set(cfg, where, prompts)
+        check_openrlhf_eval_set(cfg, where, prompts)
+        usercmd.warn_uncounted_eval_set(cfg, where, prompts)
+    elif framework == "prime-rl":
+        usercmd.check_prime_rl(cfg, where)
 
 
 MODEL_FLAGS = {"trl": "--model_name_or_path", "openrlhf": "--actor.model_name_or_path",
@@ -116,25 +131,6 @@ def check_model_path(framework: str, argv: list[str], where: str) -> None:
                               "MODEL=$(rlbatch model build --path) for the built-in model")
 
 
-def _count_prompts(value: str, where: str) -> int | None:
-    """Prompts in `--eval.dataset` (comma-separated parts, each `path[@split]`) when every
-    part is a local .jsonl or .json file; None when any part cannot be counted here."""
-    total = 0
-    for part in value.split(","):
-        file = Path(where, os.path.expanduser(part.split("@", 1)[0]))
-        if not file.is_file() or file.suffix not in (".jsonl", ".json"):
-            return None
-        text = file.read_text(errors="replace")
-        if file.suffix == ".jsonl":
-            total += sum(1 for line in text.splitlines() if line.strip())
-        else:
-            try:
-                total += len(json.loads(text))
-            except (ValueError, TypeError):
-                return None
-    return total
-
-
 def check_openrlhf_eval_set(cfg: Config, where: str, prompts: set[int]) -> None:
     """OpenRLHF cuts its evaluation set to `--data.max_samples` prompts
     (openrlhf/trainer/ppo_trainer.py, `prepare_datasets`, at 3c3be62), the flag that also
@@ -143,9 +139,11 @@ def check_openrlhf_eval_set(cfg: Config, where: str, prompts: set[int]) -> None:
     refused in one line, with the budget that keeps it whole."""
     import math
 
+    from rlbatch.interop.usercmd import count_prompts
+
     argv = cfg.command.argv
     values = [b for a, b in itertools.pairwise(argv) if a == "--eval.dataset"]
-    n = _count_prompts(values[-1], where) if values else None
+    n = count_prompts(values[-1], where) if values else None
     if not n:
         return
     g, budget = cfg.batch.samples_per_prompt, cfg.budget.max_samples
@@ -251,6 +249,9 @@ def stop_attempt(proc: subprocess.Popen | None, token: str, grace_s: float) -> N
 
 # attempts in a row that may fail on one checkpoint before the next is refused
 CHECKPOINT_TRIES = 2
+# how a refused attempt's failure begins (summary.json `failure`: "command: <this>: ..."): a
+# re-run does not resume such a run, so `rlbatch profile` does not advise one
+CHECKPOINT_REFUSED = "checkpoint refused"
 
 
 def bad_checkpoint(earlier: list[dict], resume, attempts_dir: Path) -> str | None:
@@ -375,6 +376,27 @@ def target_lost(evals: list, metric: str, every: int = 0) -> str | None:
             f"evaluations (steps {since[0]['step']}..{since[-1]['step']}; {logs})")
 
 
+def exit_words(code: int) -> str:
+    """A process's return code in words: `killed by SIGSEGV` for a signal (a negative
+    code, as Python's subprocess reports it), `exited with status 139 (128 + SIGSEGV: a
+    shell's way of saying its child was killed by it)` for 128 + a signal, else `exited with
+    status N`."""
+    if code < 0:
+        return f"killed by {_signal_name(-code)}"
+    if 128 < code < 128 + 65:
+        sig = _signal_name(code - 128)
+        return (f"exited with status {code} (128 + {sig}: a shell's way of saying its child "
+                f"was killed by {sig})")
+    return f"exited with status {code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -404,7 +426,8 @@ class CommandRun:
         self.follower = Follower(cfg.command.framework, IngestOptions(
             prompts_per_step=cfg.batch.prompts_per_step,
             samples_per_prompt=cfg.batch.samples_per_prompt, lr=cfg.actor_lr, seed=cfg.seed,
-            algorithm=cfg.algorithm))
+            algorithm=cfg.algorithm, max_samples=cfg.budget.max_samples))
+        self._missing = False  # the attempt's log was found deleted at the last poll
         self._written: tuple[list, list] = ([], [])
         self.attempts: list[Attempt] = []
         self.output = self.home / "output.log"
@@ -416,7 +439,8 @@ class CommandRun:
     # ---- the loop ----
     def _run(self) -> dict:
         st, c = self.state, self.cfg.command
-        st.truncate_logs()  # the run log is rebuilt from the command's own logs
+        # the run log is rebuilt from the command's own logs, once the attempt is not refused
+        # (a refused attempt leaves the rows as they are: `_start_attempt`)
         self.attempts = self._start_attempt()
         quiet_since = next_read = time.monotonic()
         while True:
@@ -457,7 +481,7 @@ class CommandRun:
         return st.c.samples < budget.max_samples
 
     def _start_attempt(self) -> list[Attempt]:
-        from rlbatch.interop.launch import launch
+        from rlbatch.interop.launch import launch, trial_threads
 
         c = self.cfg.command
         earlier = self._attempts()
@@ -465,17 +489,23 @@ class CommandRun:
             stop_attempt(None, info["token"], c.stop_grace_s)
         folder = self.home / "attempts" / f"{len(earlier) + 1:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        ln = launch(self.spec, list(c.argv), folder, self.home)
+        ln = launch(self.spec, list(c.argv), folder, self.home,
+                    reached=self.follower.reached(self._as_attempts(earlier)))
         if (why := bad_checkpoint(earlier, ln.resume, self.home / "attempts")) is not None:
             shutil.rmtree(folder, ignore_errors=True)
-            raise CommandFailed(why, where="command")
+            raise CommandFailed(f"{CHECKPOINT_REFUSED}: {why}", where="command")
+        self.state.truncate_logs()  # after the refusal: a refused run keeps its rows
         # TRL logs optimizer steps: K of them make one rollout step
         self.follower.options = replace(self.follower.options,
                                         updates_per_step=ln.updates_per_step)
         self.token = f"{self.state.dir.name}-{len(earlier) + 1}-{os.getpid()}-{time.time_ns()}"
         env = {**os.environ, **c.env, **ln.env, "PYTHONUNBUFFERED": "1", TOKEN: self.token}
-        if os.environ.get("RLBATCH_THREADS") and "OMP_NUM_THREADS" not in c.env:
-            env["OMP_NUM_THREADS"] = os.environ["RLBATCH_THREADS"]  # the executor's share
+        if "OMP_NUM_THREADS" not in c.env:  # the executor's share (launch.trial_threads)
+            for key, value in trial_threads(self.spec, os.environ.get("RLBATCH_THREADS")).items():
+                if value is None:
+                    env.pop(key, None)
+                else:
+                    env[key] = value
         self.output = folder / "output.log"
         with open(self.output, "ab") as out:
             # its own process group (stopped as a whole), dying with this process
@@ -489,9 +519,12 @@ class CommandRun:
                 "settings": ln.settings, "pid": self.proc.pid, "token": self.token,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         atomic_write_text(folder / "attempt.json", dumps_strict(info, indent=2) + "\n")
+        return self._as_attempts([*earlier, info])
+
+    def _as_attempts(self, infos: list[dict]) -> list[Attempt]:
         return [Attempt(a["number"], Path(a["log"]), a["shared"], a["resume_step"],
                         self.home / "attempts" / f"{a['number']:03d}" / ROWS_FILE)
-                for a in [*earlier, info]]
+                for a in infos]
 
     def _attempts(self) -> list[dict]:
         return [json.loads(p.read_text()) for p in sorted(
@@ -507,6 +540,17 @@ class CommandRun:
         except DataError as exc:
             stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
             raise self._failed(f"its log cannot be read: {exc}") from None
+        # deleted, not rotated: gone at two polls in a row (a rotation's new file comes at once)
+        gone = self.follower.vanished(self.attempts)
+        if gone is not None and (self._missing or self.proc.poll() is not None):
+            stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
+            raise self._failed(gone)
+        self._missing = gone is not None
+        if (where := self.follower.non_numbers.get(self.cfg.target.metric)) is not None:
+            stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
+            raise self._failed(f"logged the target metric {self.cfg.target.metric} "
+                               f"(target.metric) as something other than a number ({where}): "
+                               "log it as a number")
         if changed:
             if (why := self._ignored_checkpoint()) is not None:
                 stop_attempt(self.proc, self.token, self.cfg.command.stop_grace_s)
@@ -595,7 +639,7 @@ class CommandRun:
         if st.status == "diverged":  # it logged its divergence, then stopped on it
             return
         if code != 0:
-            raise self._failed(f"exited with status {code}")
+            raise self._failed(exit_words(code))
         if not self._written[0]:
             raise self._failed("exited 0 without logging a training step")
         if st.status == "running":  # it ended by its own rule (an epoch limit, say)

@@ -43,6 +43,11 @@ class IngestOptions:
     lr_scaling: str | None = None
     reference_sequences: int | None = None
     reference_lr: float | None = None
+    # the run's budget, where known (a trial's): a step past it is a line the run never wrote
+    max_samples: int | None = None
+    # a log still being written (a trial followed): rows wait for what ends a step (prime-rl:
+    # its trainer's line)
+    live: bool = False
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,13 @@ class RecordReader:
                                               f"mid-write); ignored")
                         self.truncated = True
                         return
-                    raise DataError(f"invalid JSON ({exc.__class__.__name__})",
-                                    where=f"{self.path}:{i}") from None
+                    obj = _after_cut(line)
+                    if obj is None:
+                        raise DataError(f"invalid JSON ({exc.__class__.__name__})",
+                                        where=f"{self.path}:{i}") from None
+                    self._warnings.append(f"{self.path}:{i}: a line cut mid-write (a killed "
+                                          "writer) runs into the next writer's line; the cut "
+                                          "part ignored")
                 if not isinstance(obj, dict):
                     raise DataError("expected a JSON object", where=f"{self.path}:{i}")
                 self._note_values(i, obj)
@@ -99,6 +104,22 @@ class RecordReader:
         return out
 
 
+def _after_cut(line: bytes) -> dict | None:
+    """The record that follows a line cut mid-write on the same line: a writer killed
+    mid-line leaves no newline, and the next writer to append to the file (a resumed
+    attempt, prime-rl's other process) starts its line right after the cut. The object
+    starting at the first `{"` past the start that parses as a whole to the end, or None."""
+    start = line.find(b'{"', 1)
+    while start != -1:
+        try:
+            obj = json.loads(line[start:])
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            start = line.find(b'{"', start + 1)
+            continue
+        return obj if isinstance(obj, dict) else None
+    return None
+
+
 def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
     """Every record of a file at once (`RecordReader`): (records, warnings, truncated)."""
     reader = RecordReader(path)
@@ -109,15 +130,93 @@ def read_records(path: Path) -> tuple[list[tuple[int, dict]], list[str], bool]:
 def consecutive_steps(items):
     """(step, data) records -> one (step, data) per run of consecutive records of the same
     step, merged (later keys win): frameworks log several dicts per step. Streams; a lower
-    step is passed on as it comes (a restart: `merge_steps`, `RowSpool.rewind`)."""
+    step is passed on as it comes (a restart: `merge_steps`, `ordered`)."""
+    for _, step, data in merged_lines((None, s, d) for s, d in items):
+        yield step, data
+
+
+# ---------------------------------------------------------------- the ordering rule
+def going_back(step: int, last: int, following: int | None) -> str | None:
+    """The one ordering rule of every converter (docs/design.md, "The ordering rule"), for a
+    record of a strictly ordered writer (a training step's line; never an evaluation-only
+    one, which only adds or replaces that evaluation) whose `step` is at or below the last
+    step that writer logged (`last`), given the step of that writer's next record
+    (`following`; None while none is written yet):
+
+    - 'restart': the writer continues from there (its next step at most `step` + 1): a
+      restart from a checkpoint, whose rows replace those from `step` on;
+    - 'stray': the writer jumps back past it: a single line that went back (another
+      writer's, a replayed buffer), which no restart explains;
+    - None: not known yet; the record and what follows it wait until the log goes on."""
+    if following is None:
+        return None
+    return "restart" if following <= step + 1 else "stray"
+
+
+def stray_line(step: int, last: int, following: int, where: str) -> DataError:
+    return DataError(f"a line for step {step} after step {last}, then step {following}: a "
+                     "single line that goes back, not a restart (a restart continues from the "
+                     "step it goes back to); the rows before it are kept", where=where)
+
+
+def past_budget(step: int, max_step: int | None, where: str) -> None:
+    """A DataError for a step beyond the run's length (`max_step` steps, one more allowed
+    for a framework's closing line): a log that jumps forward past the budget holds lines
+    the trial did not run (a writer outside it), and its counters would be the last row's."""
+    if max_step is not None and step > max_step + 1:
+        raise DataError(f"step {step} is past the run's length ({max_step} steps of its "
+                        "budget.max_samples): a line the trial did not write; the rows "
+                        "before it are kept", where=where)
+
+
+def ordered(records, where: str, eval_only, max_step: int | None = None):
+    """Merged (line, step, data) records of one strictly ordered writer -> (kind, record)
+    under `going_back`: 'step' for a record to take as it comes, 'restart' for the first
+    record of a restart (the rows from its step on are replaced), 'eval' for an
+    evaluation-only record of an earlier step (`eval_only(data)`), 'held' for a record
+    that goes back with nothing written after it yet (the converter stops there). A stray
+    line, or a step past `max_step` (`past_budget`), is a DataError naming `where:line`."""
+    it = iter(records)
+    ahead: list = []
+    last = None
+    while True:
+        rec = ahead.pop(0) if ahead else next(it, None)
+        if rec is None:
+            return
+        line, step, data = rec
+        if last is None or step > last:
+            past_budget(step, max_step, f"{where}:{line}")
+            last = step
+            yield "step", rec
+            continue
+        if eval_only(data):
+            yield "eval", rec
+            continue
+        following = next((r for r in ahead if not eval_only(r[2])), None)
+        while following is None and (nxt := next(it, None)) is not None:
+            ahead.append(nxt)
+            following = nxt if not eval_only(nxt[2]) else None
+        verdict = going_back(step, last, None if following is None else following[1])
+        if verdict is None:
+            yield "held", rec
+            return
+        if verdict == "stray":
+            raise stray_line(step, last, following[1], f"{where}:{line}")
+        last = step
+        yield "restart", rec
+
+
+def merged_lines(items):
+    """(line, step, data) records -> one (first line, step, data) per run of consecutive
+    records of the same step, merged (later keys win), as `consecutive_steps`."""
     pending = None
-    for step, data in items:
-        if pending is not None and step == pending[0]:
-            pending[1].update(data)
+    for line, step, data in items:
+        if pending is not None and step == pending[1]:
+            pending[2].update(data)
             continue
         if pending is not None:
             yield pending
-        pending = (step, dict(data))
+        pending = (line, step, dict(data))
     if pending is not None:
         yield pending
 

@@ -5,7 +5,7 @@ Log format (verl/utils/tracking.py `FileLogger.log`): one line per `Tracking.log
 `$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`). The trainer logs one line per
 training step (timing_s/*, critic/*, actor/*, response_length/* ... and, on test_freq steps,
 the validation metrics val-core/*, val-aux/*; older versions val/*), plus one line at the
-starting step holding only the validation before training (verl/trainer/ppo/ray_trainer.py).
+starting step holding only the validation before training (verl/trainer/ppo/v1/trainer_base.py 414-420).
 
 There is no wall clock and no batch size in the log, so:
   samples = step x P x G, prompts = step x P (P = data.train_batch_size prompts,
@@ -42,10 +42,12 @@ from rlbatch.interop.ingest.common import (
 )
 from rlbatch.interop.ingest.logs import (
     RecordReader,
-    consecutive_steps,
     extras,
+    is_number,
     map_metrics,
+    merged_lines,
     num,
+    ordered,
 )
 from rlbatch.interop.ingest.writer import (
     MAX_STEP,
@@ -166,23 +168,34 @@ def read_config(path: Path) -> FrameworkConfig:
 
 # ---------------------------------------------------------------- log
 def _items(reader: RecordReader):
-    """(step, data) per logged line, checked and with non-finite values as null."""
+    """(line, step, data) per logged line, checked and with non-finite values as null."""
     for line, obj in reader:
         step, data = obj.get("step"), obj.get("data")
         if not is_step(step) or not isinstance(data, dict):
             raise DataError(f'expected {{"step": <int 0..{MAX_STEP}>, "data": {{...}}}} (verl '
                             f'file logger)', where=f"{reader.path}:{line}")
-        yield step, finite_values(data)
+        yield line, step, finite_values(data)
 
 
-def _eval_metrics(data: dict) -> dict:
-    out = {}
+def _eval_only(data: dict) -> bool:
+    """A line with no training step in it (`timing_s/step`): the validation before training,
+    or an evaluation a logger flushed late."""
+    return "timing_s/step" not in data
+
+
+def _eval_metrics(data: dict, where: str = "") -> tuple[dict, dict]:
+    """(evaluation metrics, those logged but not numbers: rlbatch key -> 'where: the source
+    key and its value')."""
+    out, text = {}, {}
     for k, v in data.items():
         for prefix, repl in EVAL_PREFIXES:
-            if k.startswith(prefix) and (v is None or isinstance(v, (int, float))):
-                out[repl + k[len(prefix):]] = num(v)
+            if k.startswith(prefix):
+                if v is None or is_number(v):
+                    out[repl + k[len(prefix):]] = num(v)
+                else:
+                    text[repl + k[len(prefix):]] = f"{where}: '{k}' is {v!r}"
                 break
-    return out
+    return out, text
 
 
 def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
@@ -192,7 +205,8 @@ def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
     if dt is None:
         raise DataError(f"step {step}: timing_s/step is not a finite number", where=where)
     # verl saves a checkpoint inside its `step` timer (verl-project/verl 1dda039,
-    # verl/trainer/ppo/ray_trainer.py 1508 and 1711; validation, 1730, is outside it):
+    # V1 trainer verl/trainer/ppo/v1/trainer_base.py 449 and 460-461; validation, 470, is
+    # outside it):
     # that I/O is not training, and it falls only on save steps, so it is taken out
     save = num(data.get("timing_s/save_checkpoint")) or 0.0
     dt = dt - save if 0.0 < save <= dt else dt
@@ -228,9 +242,11 @@ def _step_row(step: int, data: dict, batch: tuple, algorithm: str, state: dict,
 class VerlRows:
     """The run-log rows of a verl log, built one merged step at a time (`feed`), so that a
     log of any length converts in flat memory and a log still being written can be
-    followed. A step at or below one already fed is a restart from a checkpoint: the rows
-    from that step on are dropped and the cumulative counters go back to where they stood
-    (warned, as `merge_steps` does)."""
+    followed. Which lines are a restart is the ordering rule's (`logs.ordered`): at a
+    restart (`rewind`) the rows from its step on are dropped and the cumulative counters go
+    back to where they stood (warned); an evaluation logged late for an earlier step
+    (`late_eval`) adds or replaces that step's evaluation. `non_numbers` holds the
+    evaluation metrics logged as something other than a number (rlbatch key -> where)."""
 
     _STATE = ("train_s", "tokens", "eval_s", "ckpt_s", "enclosed")
 
@@ -243,14 +259,13 @@ class VerlRows:
         self.first_step_s: float | None = None
         self._fed = array("q")
         self._history = {k: array("d") for k in self._STATE}
+        self.non_numbers: dict[str, str] = {}
 
     @staticmethod
     def _initial() -> dict:
         return {"train_s": 0.0, "tokens": 0, "eval_s": 0.0, "ckpt_s": 0.0, "enclosed": 0}
 
-    def feed(self, step: int, data: dict) -> None:
-        if self._fed and step <= self._fed[-1]:
-            self._rewind(step)
+    def feed(self, step: int, data: dict, line: int | None = None) -> None:
         p, b = self.batch
         st = self.state
         if "timing_s/step" in data:
@@ -265,14 +280,42 @@ class VerlRows:
                                               for k in ("old_log_prob", "adv"))
             if test and untimed >= test:
                 st["enclosed"] += 1
-        ev = _eval_metrics(data)
+        ev = self._eval_metrics(data, line)
         if ev:
             self.evals.append({"step": step, "samples": step * b, "train_s": st["train_s"], **ev})
         self._fed.append(step)
         for k in self._STATE:
             self._history[k].append(math.nan if st[k] is None else st[k])
 
-    def _rewind(self, step: int) -> None:
+    def _eval_metrics(self, data: dict, line: int | None) -> dict:
+        ev, text = _eval_metrics(data, f"{self.where}:{line}")
+        for key, where in text.items():
+            self.non_numbers.setdefault(key, where)
+        return ev
+
+    def late_eval(self, step: int, data: dict, line: int | None = None) -> None:
+        """An evaluation-only line for a step already passed: its metrics join (or replace)
+        that step's evaluation row, dated by that step's samples and training seconds."""
+        ev = self._eval_metrics(data, line)
+        if not ev:
+            return
+        i = bisect_left(self._fed, step)
+        at_step = i < len(self._fed) and self._fed[i] == step
+        train_s = self._history["train_s"][i] if at_step else (
+            self._history["train_s"][i - 1] if i else 0.0)
+        rows = [r for r in self.evals]
+        old = next((r for r in rows if r["step"] == step), None)
+        if old is not None:
+            old.update(ev)
+        else:
+            rows.append({"step": step, "samples": step * self.batch[1], "train_s": train_s,
+                         **ev})
+            rows.sort(key=lambda r: r["step"])
+        self.evals = RowSpool()
+        for r in rows:
+            self.evals.append(r)
+
+    def rewind(self, step: int) -> None:
         i = bisect_left(self._fed, step)
         dropped = len(self._fed) - i
         del self._fed[i:]
@@ -321,12 +364,25 @@ def convert(path: Path, res) -> Converted:
     reader = RecordReader(path)
     algorithm = res.algorithm or ("ppo" if mentions(path, "critic/vf_loss") else "grpo")
     rows = VerlRows((p, p * g), algorithm, res.reward_key, str(path))
-    for step, data in consecutive_steps(_items(reader)):
-        rows.feed(step, data)
+    max_samples = getattr(res.options, "max_samples", None)
+    max_step = None if max_samples is None else math.ceil(max_samples / (p * g))
+    for kind, (line, step, data) in ordered(merged_lines(_items(reader)), str(path),
+                                            _eval_only, max_step):
+        if kind == "eval":
+            rows.late_eval(step, data, line)
+            continue
+        if kind == "held":
+            rows.warnings.append(f"{path}:{line}: a line for step {step} goes back, with "
+                                 "nothing after it yet: not read until the log goes on")
+            break
+        if kind == "restart":
+            rows.rewind(step)
+        rows.feed(step, data, line)
     warnings = reader.warnings + rows.warnings + rows.finish()
     config = build_config(res, algorithm, max_logged(rows.steps, "actor/lr"), warnings)
     extra = {"eval_s": rows.state["eval_s"], "checkpoint_s": rows.state["ckpt_s"],
-             "train_s_source": "cumulative sum of timing_s/step"}
+             "train_s_source": "cumulative sum of timing_s/step",
+             "non_numbers": rows.non_numbers}
     if rows.steps:
         extra["first_step_s"] = rows.first_step_s
     return Converted("verl", [path], rows.steps, rows.evals, config, res.seed, warnings,
