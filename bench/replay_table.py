@@ -10,7 +10,8 @@ Each `--bank NAME=DIR` is replayed with the config `bench/banks/NAME.yaml`. Vari
 with alpha spent over the looks, with follow-ups for open configurations and alpha spent,
 with the futility stops or without early stops (follow-ups for every configuration), with
 each comparison on one spread pooled over every configuration or on the larger of the
-pair's and the pooled one, and the probe strategy; each one's `rlbatch replay --json` document is written to
+pair's and the pooled one, the probe strategy, and the first look alone (`rlbatch profile`
+without --follow); the floor column is the bank's information floor (profile/floor.py); each one's `rlbatch replay --json` document is written to
 `--out/NAME-VARIANT.json`.
 """
 
@@ -38,6 +39,8 @@ VARIANTS = {
     "full-larger": ("full", ["profile.spread=larger"]),
     "full-paired": ("full", ["profile.spread=paired"]),
     "probe": ("probe", []),
+    # `rlbatch profile` with no --follow: the first look's decision alone
+    "first-look": ("full", [], 0),
 }
 
 
@@ -46,10 +49,12 @@ def run_one(job: tuple) -> dict:
     from rlbatch.profile.replay import replay
 
     name, bank_dir, variant, replicates, seed, follow = job
-    strategy, sets = VARIANTS[variant]
+    strategy, sets, *own = VARIANTS[variant]
+    follow = own[0] if own else follow
     cfg = load_config(str(HERE / "banks" / f"{name}.yaml"), overrides=sets)
     doc = replay(cfg, bank_dir, [strategy], replicates, seed=seed, follow=follow)
-    return {**doc, "bank": name, "bank_dir": doc["bank"], "variant": variant, "sets": sets}
+    return {**doc, "bank": name, "bank_dir": doc["bank"], "variant": variant, "sets": sets,
+            "follow": follow}
 
 
 def fmt(x, spec=".2f") -> str:
@@ -90,9 +95,10 @@ def main() -> int:
 
 def table(docs: list[dict]) -> int:
     print("| bank | procedure | replicates | recommends | within 5% of best | mean regret | "
-          "slower than baseline | departed pick | median cost (x T_base) | coverage of the "
-          "pick's 90% interval | followed next (mean) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "slower than baseline | departed pick | median cost (x T_base) | floor (x T_base) | "
+          "median cost over the floor | coverage of the pick's 90% interval | followed next "
+          "(mean) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for d in docs:
         ref = {r["strategy"]: r for r in d["strategies"]}
@@ -108,7 +114,8 @@ def table(docs: list[dict]) -> int:
             print(f"| {d['bank']} | {label} | {r['replicates']} | {fmt(r['recommends'])} | "
                   f"{fmt(r['picks_within_5pct'])} | {fmt(r['mean_regret'])} | "
                   f"{fmt(r['slower_than_baseline'])} | {fmt(r.get('picks_departed'))} | "
-                  f"{fmt(r['median_cost'])} | "
+                  f"{fmt(r['median_cost'])} | {fmt(r.get('floor_cost'))} | "
+                  f"{fmt(r.get('cost_over_floor'))} | "
                   f"{fmt(cov)}{f' ({n_cov})' if n_cov else ''} | "
                   f"{fmt(r.get('followed_next'))} |")
     print(json.dumps({"bench": "replay_table", "rows": rows,

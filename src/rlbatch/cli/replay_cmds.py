@@ -63,7 +63,10 @@ def replay(
     regret, how often it is slower than the baseline, the cost in baseline runs' time to
     target, and how often the interval printed for the pick covers the truth. Two reference
     rows: always keeping the baseline, and one seed of every configuration with the lowest T
-    picked."""
+    picked. Each cost is also given over the bank's information floor: the least expected
+    cost at which any procedure picks within 5% of the best in 90% of profiles and
+    recommends a candidate no faster than the baseline in at most 5% (docs/analysis.md,
+    "The information floor")."""
     from rlbatch.profile.replay import STRATEGIES
     from rlbatch.profile.replay import replay as run_replay
 
@@ -100,6 +103,14 @@ def replay_lines(doc: dict) -> list[str]:
                  + ("" if t["fastest"] == t["best"] else
                     f"; fastest of all: {t['fastest']} (T ratio {_f(t['fastest_time_ratio'])}, "
                     "departed)"))
+    f = t.get("floor")
+    if f:
+        lines.append(
+            f"  information floor: {f['cost']:.2f}x the baseline's T, the least expected cost "
+            f"at which any procedure picks within 5% of the best with probability "
+            f"{f['p_within_5pct']:.2f} and recommends a candidate no faster than the baseline "
+            f"with probability at most {f['p_false_recommendation']:.2f} (spread of log T "
+            f"{f['sd_log_time']:.2f}, pooled over the bank; docs/analysis.md)")
     for p in t["pairing"]:
         if p.get("seed_factor") is not None:
             lines.append(f"  pairs with the baseline, {p['config']}: {p['pairs']} seeds, "
@@ -109,12 +120,13 @@ def replay_lines(doc: dict) -> list[str]:
                          f"{_f(p['sd_unpaired_log_time_ratio'])} (a paired comparison needs "
                          f"{_f(p['seed_factor'])}x the seeds)")
     lines.append("strategy        replicates  recommends  within5%  regret  slower  departed  "
-                 "cost(xT)  coverage")
+                 "cost(xT)  /floor  coverage")
     for r in doc["strategies"]:
         lines.append(f"{r['strategy']:<15} {r['replicates']:>10}  {r['recommends']:>10.2f}  "
                      f"{r['picks_within_5pct']:>8.2f}  {r['mean_regret']:>6.2f}  "
                      f"{r['slower_than_baseline']:>6.2f}  {r['picks_departed']:>8.2f}  "
-                     f"{r['median_cost']:>8.2f}  {_f(r['pick_interval_coverage']):>8}")
+                     f"{r['median_cost']:>8.2f}  {_f(r.get('cost_over_floor')):>6}  "
+                     f"{_f(r['pick_interval_coverage']):>8}")
     return lines
 
 

@@ -52,6 +52,9 @@ from rlbatch.profile.trials import plan_trials
 
 STRATEGIES = ("full", "probe")
 WITHIN = 1.05  # a pick "within 5%" of the best: its true T at most 1.05 x the best's
+# the error rates the floor is computed for: a pick not within 5% of the best at most 10%
+# of the time, a recommendation no faster than the baseline at most the decision's alpha
+FLOOR_WRONG = 0.10
 
 
 def learning_key(config: dict) -> tuple:
@@ -331,6 +334,7 @@ def bank_truth(cfg: Config, bank: Bank, keys: list[tuple]) -> dict:
         for r in e["runs"]:
             by_run[str(Path(r["run"]).resolve())] = e
     rows = []
+    ref = by_run[str(next(iter(base.values())).dir.resolve())]
     for k in keys:
         e = by_run[str(next(iter(bank.runs[k].values())).dir.resolve())]
         vs = e.get("vs_reference") or {}
@@ -343,7 +347,14 @@ def bank_truth(cfg: Config, bank: Bank, keys: list[tuple]) -> dict:
                      "time_ratio_ci": [1.0, 1.0] if k == keys[0] else vs.get("time_ratio_ci"),
                      "samples_ratio": 1.0 if k == keys[0] else vs.get("samples_ratio"),
                      "throughput_ratio": 1.0 if k == keys[0] else vs.get("throughput_ratio"),
-                     "verdict": e["verdict"]})
+                     "verdict": e["verdict"],
+                     # a decision picks among the reference's LR-scaling family only
+                     "in_family": e["algorithm"] == ref["algorithm"]
+                     and e["lr_scaling"] == ref["lr_scaling"],
+                     "mean_time_s": statistics.fmean(t for t in times if t is not None)
+                     if any(t is not None for t in times) else None,
+                     "sd_log_time": statistics.stdev(math.log(t) for t in times if t is not None)
+                     if sum(t is not None for t in times) >= 2 else None})
     finite = [r for r in rows if r["time_ratio"] is not None and r["crossed"] * 2 > r["seeds"]]
     # the method's own admission, with every seed: a configuration whose curve departs
     # from the baseline's is not a right pick however fast (docs/design.md, Method)
@@ -351,12 +362,47 @@ def bank_truth(cfg: Config, bank: Bank, keys: list[tuple]) -> dict:
     best = min(admitted, key=lambda r: r["time_ratio"])
     fastest = min(finite, key=lambda r: r["time_ratio"])
     base_times = [t for t in (_run_time(r) for r in base.values()) if t is not None]
-    return {"configs": rows, "best": best["key"], "best_time_ratio": best["time_ratio"],
+    unit = math.exp(statistics.fmean(math.log(t) for t in base_times))
+    return {"configs": rows, "floor": bank_floor(rows, unit), "best": best["key"], "best_time_ratio": best["time_ratio"],
             "best_sequences": best["sequences_per_step"],
             "fastest": fastest["key"], "fastest_time_ratio": fastest["time_ratio"],
             "departed": [r["key"] for r in rows if r["verdict"] == "departed"],
-            "baseline_time_to_target_s": math.exp(statistics.fmean(math.log(t) for t in base_times)),
-            "analysis": doc}
+            "baseline_time_to_target_s": unit, "analysis": doc}
+
+
+def pooled_sd(rows: list[dict]) -> float | None:
+    """The spread of log T within a configuration, pooled over the bank's configurations
+    (each weighted by its seeds that crossed, less one)."""
+    parts = [(r["sd_log_time"], r["crossed"] - 1) for r in rows if r["sd_log_time"] is not None]
+    dof = sum(d for _, d in parts)
+    return math.sqrt(sum(sd * sd * d for sd, d in parts) / dof) if dof else None
+
+
+def bank_floor(rows: list[dict], unit: float) -> dict | None:
+    """The information floor (profile/floor.py) of the bank's truth: the configurations'
+    geometric-mean T ratios, each run costing its configuration's mean T, the spread pooled
+    over the bank, the error rates FLOOR_WRONG and the decision's alpha. In units of
+    the baseline's T, as every cost of a replay. None where a family member never crossed."""
+    from rlbatch.analysis.selection import DEFAULT_ALPHA
+    from rlbatch.profile.floor import information_floor
+
+    sd = pooled_sd(rows)
+    use = [r for r in rows if r["time_ratio"] is not None and r["mean_time_s"] is not None]
+    if sd is None or len(use) < 2 or use[0] is not rows[0] or any(
+            r["in_family"] and r["time_ratio"] is None for r in rows):
+        return None
+    eligible = [r["in_family"] and r["verdict"] != "departed" for r in use]
+    f = information_floor([math.log(r["time_ratio"]) for r in use],
+                          [r["mean_time_s"] / unit for r in use], eligible, sd,
+                          p_right=1 - FLOOR_WRONG, p_false=DEFAULT_ALPHA)
+    return {"cost": f.cost, "sd_log_time": sd, "p_within_5pct": 1 - FLOOR_WRONG,
+            "p_false_recommendation": DEFAULT_ALPHA,
+            "right_answers": [use[i]["config"] for i in f.right],
+            "runs": {r["config"]: n for r, n in zip(use, f.runs) if n > 1e-9},
+            "binding": [{"made_best": use[b["made_best"]]["config"],
+                         "kind": "a false recommendation" if b["margin"] == 0
+                         else "a pick not within 5%", "error_rate": b["error_rate"]}
+                        for b in f.binding]}
 
 
 def pairing(bank: Bank, keys: list[tuple]) -> list[dict]:
@@ -550,6 +596,7 @@ def score(outcomes: list[Outcome], truth: dict, strategy: str) -> dict:
             "slower_than_baseline": sum(true_ratio(o.pick) > 1.0 for o in recs) / n,
             "picks_departed": sum(o.pick in truth["departed"] for o in recs) / n,
             "median_cost": statistics.median(o.cost_s / unit for o in outcomes),
+            "mean_cost": statistics.fmean(o.cost_s / unit for o in outcomes),
             "pick_interval_coverage": len(covered) / len(with_ci) if with_ci else None,
             "recommendations_with_interval": len(with_ci),
             "followed_next": sum(o.follows for o in outcomes) / n,
@@ -577,6 +624,7 @@ def reference_rows(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
     keep = {"strategy": "keep_baseline", "replicates": replicates, "recommends": 0.0,
             "picks_within_5pct": float(1.0 <= WITHIN * best), "mean_regret": 1.0 / best - 1,
             "slower_than_baseline": 0.0, "picks_departed": 0.0, "median_cost": 0.0,
+            "mean_cost": 0.0,
             "pick_interval_coverage": None}
     seeds = bank.common_seeds(keys)
     picks, costs = [], []
@@ -599,7 +647,8 @@ def reference_rows(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
             "slower_than_baseline": sum(r > 1.0 for k, r in zip(picks, tr) if k != keys[0])
             / replicates,
             "picks_departed": sum(k in truth["departed"] for k in picks) / replicates,
-            "median_cost": statistics.median(costs), "pick_interval_coverage": None}
+            "median_cost": statistics.median(costs), "mean_cost": statistics.fmean(costs),
+            "pick_interval_coverage": None}
     return [keep, grid]
 
 
@@ -650,6 +699,11 @@ def replay(cfg: Config, bank_dir: str | Path, strategies: list[str], replicates:
                   f"followed next {o.follows}x" + (f" (cut: {o.cut})" if o.cut else ""))
         rows.append(score(outcomes, truth, s))
     rows += reference_rows(truth, bank, keys, replicates, random.Random(seed + 1))
+    floor = truth["floor"]
+    for r in rows:
+        r["floor_cost"] = None if floor is None else floor["cost"]
+        r["cost_over_floor"] = (r["median_cost"] / floor["cost"]
+                                if floor and floor["cost"] > 0 else None)
     t = truth
     return {"config": cfg.name, "bank": str(bank_dir), "seeds_in_bank": len(common),
             "strategies": rows,
@@ -661,6 +715,7 @@ def replay(cfg: Config, bank_dir: str | Path, strategies: list[str], replicates:
                       "fastest_time_ratio": t["fastest_time_ratio"],
                       "departed": [describe(k) for k in t["departed"]],
                       "baseline_time_to_target_s": t["baseline_time_to_target_s"],
+                      "floor": t["floor"],
                       "pairing": pairing(bank, keys)}}
 
 
