@@ -70,5 +70,9 @@ gpu-wheels: setup
 	ls wheels/gpu
 	du -sh wheels/gpu
 
+# What set-up, the demos and the tests made: the virtual environment, the demos' profiles,
+# the tests' model cache (.rlbatch-cache) and the models the demos built under
+# $RLBATCH_CACHE (by default ~/.cache/rlbatch; rebuilt in about a minute).
 clean:
-	rm -rf $(VENV) .pytest_cache .rlbatch-cache
+	rm -rf $(VENV) .pytest_cache .rlbatch-cache wheels profiles/quick profiles/quick-saving
+	rm -rf "$${RLBATCH_CACHE:-$$HOME/.cache/rlbatch}/models"

@@ -185,9 +185,18 @@ def test_the_prime_rl_walkthrough_toml_evaluates_and_reports_nowhere_else(tmp_pa
 
 # ---------------------------------------------------------------- TRL, run as written
 def trl_shell_block() -> str:
+    """The walk-through's shell block: the section's first code block, the one that starts
+    with `make setup` (the blocks after it show what the block prints)."""
     body = DOCS.read_text().split("### Walk-through: TRL", 1)[1].split("\n### ", 1)[0]
-    (block,) = re.findall(r"```\n(.*?)```", body, re.DOTALL)
-    return block
+    return re.findall(r"```\n(.*?)```", body, re.DOTALL)[0]
+
+
+def test_the_trl_walkthroughs_shell_block_is_found_and_runs_rlbatch_profile():
+    """The slow test's set-up, run fast: the shell block it runs line by line is the one that
+    sets up and profiles (an expected-output block after it once broke the unpacking)."""
+    lines = trl_shell_block().splitlines()
+    assert lines[0].startswith("make setup")
+    assert lines[-1].startswith(".venv/bin/rlbatch profile trl.yaml")
 
 
 @pytest.mark.landing_free
@@ -212,10 +221,10 @@ def test_the_trl_walkthrough_runs_as_written(tmp_path):
     test runs in. Slow: a real TRL profile, about four minutes on 2 cores. The fast tests of
     the same contracts: test_framework_keys::test_every_walkthrough_config_is_valid (the
     config parses and passes rlbatch's checks), test_command::test_trl_flags_count_optimizer_steps_and_resume_from_the_newest_checkpoint
-    (the flags rlbatch gives TRL) and test_model_build_path_prints_only_the_folder (the
-    line that names the model)."""
+    (the flags rlbatch gives TRL), test_model_build_path_prints_only_the_folder (the
+    line that names the model) and
+    test_the_trl_walkthroughs_shell_block_is_found_and_runs_rlbatch_profile (the block)."""
     lines = trl_shell_block().splitlines()
-    assert lines[0].startswith("make setup")
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
     script = "set -euo pipefail\n" + "\n".join(lines[1:]) + "\n"
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True,

@@ -50,6 +50,20 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from rlbatch import __version__
+
+        print(f"rlbatch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version,
+                                          is_eager=True, help="print rlbatch's version")) -> None:
+    """Measured batch sizing for online RL of language models."""
+
+
 def _unwrap(doc: str | None) -> str | None:
     """A docstring as help text: paragraphs kept, the line breaks inside them joined (the
     help renderer would otherwise keep them and break sentences at odd places)."""

@@ -70,10 +70,10 @@ FollowOption = typer.Option(
 
 
 def profile(
+    ctx: typer.Context,
     config: str | None = typer.Argument(None, help="YAML config naming the baseline "
                                            "(optimizer.reference_sequences and _lr), the "
-                                           "target and the profile section (default: the "
-                                           "quick preset)"),
+                                           "target and the profile section (or --preset)"),
     preset: str | None = PresetOption,
     set_: list[str] | None = SetOption,
     batches: str | None = typer.Option(None, help="candidate prompt batches P, e.g. 8,32,64"),
@@ -115,8 +115,12 @@ def profile(
     overrides = list(set_ or []) + _flag_overrides(
         batches=batches, concurrency=concurrency, seeds=seeds, workers=workers,
         backend=backend, strategy=strategy, budget_train_s=budget_train_s)
-    if config is None and preset is None:
-        preset = "quick"
+    if config is None and preset is None:  # a profile trains for minutes: never by accident
+        print(ctx.get_usage(), file=sys.stderr)
+        print("error: give a config file, or --preset NAME (`rlbatch config presets` lists "
+              "them; `--preset quick` is the demo's); `rlbatch profile --help` says more",
+              file=sys.stderr)
+        raise typer.Exit(2)
     cfg = resolve(config, preset, overrides)
     _check_before_writing(cfg, executor, trial_gpus)
     out_dir = out or f"profiles/{cfg.name}"
