@@ -22,3 +22,20 @@ def test_profile_without_a_config_or_preset_prints_its_usage_and_exits_2(tmp_pat
 def test_version_prints_the_packages_version(capsys):
     code, out, err = run_cli(["--version"], capsys)
     assert code == 0 and out == f"rlbatch {__version__}\n" and err == ""
+
+
+def test_replay_scores_the_procedure_profile_runs_without_flags():
+    """`rlbatch replay` with no --follow replays what `rlbatch profile` with no --follow
+    decides: one default for both commands and for the library's replay()."""
+    import inspect
+
+    from rlbatch.cli.profile_cmds import profile
+    from rlbatch.cli.replay_cmds import replay as replay_command
+    from rlbatch.profile.replay import replay
+
+    def default(fn, name):
+        value = inspect.signature(fn).parameters[name].default
+        return getattr(value, "default", value)  # a typer Option holds its default
+
+    assert default(profile, "follow") == default(replay_command, "follow") \
+        == default(replay, "follow")

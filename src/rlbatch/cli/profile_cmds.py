@@ -21,6 +21,7 @@ from rlbatch.cli.common import (
     whole_numbers,
 )
 from rlbatch.cli.decision_text import decision_lines
+from rlbatch.profile import DEFAULT_FOLLOW
 
 err = Console(stderr=True)
 
@@ -63,7 +64,7 @@ TRIAL_GPUS_HELP = ("ray, ray-job: GPUs a trial asks for (ray-job: its entrypoint
 
 
 FollowOption = typer.Option(
-    0, "--follow", min=0, max=10,
+    DEFAULT_FOLLOW, "--follow", min=0, max=10,
     help="when the decision asks for more seeds (its `next`), run them in the same folder "
     "and decide again, up to this many times (each look is a fresh test at the family's 5%: "
     "docs/analysis.md, 'Replays')")

@@ -9,6 +9,7 @@ import typer
 
 from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve, stop_signals
 from rlbatch.core.errors import ConfigError
+from rlbatch.profile import DEFAULT_FOLLOW
 
 
 def bank(
@@ -50,8 +51,10 @@ def replay(
     strategy: str = typer.Option("full", help="full | probe | all"),
     replicates: int = typer.Option(200, help="replicated profiles per strategy"),
     seed: int = typer.Option(0, help="seed of the replicates' draws of bank seeds"),
-    follow: int = typer.Option(3, help="times a replicate follows the decision's `next` "
-                                       "(more seeds, a larger budget)"),
+    follow: int = typer.Option(DEFAULT_FOLLOW, help="times a replicate follows the "
+                               "decision's `next` (more seeds, a larger budget); the default "
+                               "is `rlbatch profile --follow`'s, so that the replay scores what "
+                               "the profile decides without flags"),
     as_json: bool = typer.Option(False, "--json", help="print the scores as JSON (last line)"),
 ) -> None:
     """What would the profile have decided on these runs, and how often would it have been

@@ -47,6 +47,7 @@ from rlbatch.core.runlog import (
     yaml_data,
     yaml_text,
 )
+from rlbatch.profile import DEFAULT_FOLLOW
 from rlbatch.profile.executors import Finished
 from rlbatch.profile.trials import plan_trials
 
@@ -658,7 +659,7 @@ def needed_seeds(cfg: Config, strategy: str) -> int:
 
 
 def replay(cfg: Config, bank_dir: str | Path, strategies: list[str], replicates: int,
-           seed: int = 0, follow: int = 3, say=None) -> dict:
+           seed: int = 0, follow: int = DEFAULT_FOLLOW, say=None) -> dict:
     """Replicated profiles of each strategy on the bank; the scores and the bank's truth."""
     say = say or (lambda line: None)
     cfg = replay_config(cfg)
