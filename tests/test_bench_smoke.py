@@ -84,7 +84,8 @@ def test_aa_bank_writes_a_bank_whose_truth_is_one_and_replay_reads_it(tmp_path):
     exits 0 with its JSON line, and `rlbatch replay` reads the bank it wrote, every
     configuration of the no-saving profile at each seed."""
     from rlbatch.core.loading import load_config
-    from rlbatch.profile.replay import load_bank, profile_keys
+    from rlbatch.profile.bank import load_bank
+    from rlbatch.profile.replay import profile_keys
 
     proc = subprocess.run([sys.executable, str(BENCH / "aa_bank.py"),
                            str(BENCH / "banks" / "no-saving.yaml"), "--seeds", "2", "--out",

@@ -28,7 +28,7 @@ import yaml
 
 from helpers.cli import run_cli
 from helpers.procs import alive
-from rlbatch.backends.command import run as command_run
+from rlbatch.backends.command import health as command_health
 from rlbatch.backends.command.follow import (
     Attempt,
     Follower,
@@ -428,7 +428,7 @@ def test_a_target_metric_that_stops_being_logged_fails_the_run_in_one_line(tmp_p
 
 
 def test_non_finite_steps_and_a_lost_target_are_read_from_the_rows():
-    from rlbatch.backends.command.run import nonfinite_evals, nonfinite_steps, target_lost
+    from rlbatch.backends.command.health import nonfinite_evals, nonfinite_steps, target_lost
 
     def step(n, **kw):
         return {"step": n, "actor/loss": 0.1, "actor/grad_norm": 1.0, **kw}
@@ -461,8 +461,8 @@ def test_a_chatty_commands_output_is_kept_under_its_cap(tmp_path, capsys, monkey
     (64 MiB by default): output.log is cut back to its head each time it passes the cap, with
     a line saying how much was cut, so it ends under the cap and one step's output; its head
     is kept, and the bytes cut are counted in the summary."""
-    monkeypatch.setattr(command_run, "OUTPUT_CAP", 50_000, raising=False)
-    monkeypatch.setattr(command_run, "OUTPUT_HEAD", 10_000, raising=False)
+    monkeypatch.setattr(command_health, "OUTPUT_CAP", 50_000)
+    monkeypatch.setattr(command_health, "OUTPUT_HEAD", 10_000)
     code, out, err = run_cli(["train", _config(tmp_path, LOG_WRITER_STEP_S=0.05,
                                                LOG_WRITER_OUTPUT_BYTES=20_000), "--json"], capsys)
     assert code == 0, err

@@ -51,3 +51,12 @@ def test_readme_layer_list_matches_the_tree():
     named = re.findall(r"`([a-z_]+)`", section.split("\n\n")[1])
     first = list(dict.fromkeys(n for n in named if n in ORDER))  # in order of first mention
     assert first == ORDER
+
+
+def test_every_module_is_under_500_lines():
+    """A module holds one responsibility (docs/design.md, "Small rooms"): past 500 lines it
+    holds several, and is split along them (as backends/command/run.py into preflight,
+    procs, health and the run loop). No exceptions."""
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}

@@ -16,15 +16,9 @@ from helpers.cli import run_cli
 from rlbatch.core.errors import DataError
 from rlbatch.core.loading import load_config
 from rlbatch.core.runlog import read_json, read_jsonl
+from rlbatch.profile.bank import learning_key, load_bank
 from rlbatch.profile.driver import Driver, Journal
-from rlbatch.profile.replay import (
-    ReplayExecutor,
-    learning_key,
-    load_bank,
-    profile_keys,
-    replay,
-    replay_config,
-)
+from rlbatch.profile.replay import ReplayExecutor, profile_keys, replay, replay_config
 from rlbatch.profile.trials import plan_trials
 
 SETS = ["target.gain=0.15", "eval.every_samples=256", "budget.max_samples=8192",
@@ -229,7 +223,7 @@ def test_pairing_reports_the_same_seed_correlation_and_what_pairing_saves(saving
     speed factor: log N* and log T correlate across configurations (up to the steps that discretize N*), the per-seed
     log T ratio does not vary (a paired comparison needs no seeds to speak of), while the
     unpaired difference carries both configurations' spread."""
-    from rlbatch.profile.replay import attach_crossings, pairing
+    from rlbatch.profile.replay_truth import attach_crossings, pairing
 
     _, cfg, bank_dir = saving
     bank = load_bank(bank_dir)
@@ -366,7 +360,7 @@ def test_the_committed_banks_load_and_match_their_checksums(name, tmp_path):
 
 def test_pick_log_bias_is_the_mean_log_of_printed_over_true_ratio():
     """The replay's measure of how optimistic a recommended pick's printed T ratio is."""
-    from rlbatch.profile.replay import Outcome, pick_log_bias
+    from rlbatch.profile.replay_truth import Outcome, pick_log_bias
 
     ratio = {("a",): 0.5, ("b",): 0.8}
     recs = [Outcome(("a",), True, None, 1.0, 0, point=0.4),

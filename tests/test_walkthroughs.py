@@ -45,7 +45,7 @@ NODE_GPUS = 8  # the walk-throughs' node
 
 def trial_commands(title_start: str, tmp_path: Path, text: str | None = None) -> dict:
     """Each trial's full argv of the walk-through's profile, by trial name."""
-    from rlbatch.backends.command.run import trial_spec
+    from rlbatch.backends.command.preflight import trial_spec
     from rlbatch.core.loading import load_config
     from rlbatch.interop.launch import launch
     from rlbatch.profile.trials import plan_trials

@@ -65,7 +65,7 @@ def _what_train_checks(cfg) -> list[str]:
     from rlbatch.rollout.models import resolve_model_path
 
     if cfg.backend == "command":  # the command's own model, data and reward: its program
-        from rlbatch.backends.command.run import check_command
+        from rlbatch.backends.command.preflight import check_command
         from rlbatch.profile.trials import profile_prompts
 
         try:

@@ -116,12 +116,7 @@ def profile(
     overrides = list(set_ or []) + _flag_overrides(
         batches=batches, concurrency=concurrency, seeds=seeds, workers=workers,
         backend=backend, strategy=strategy, budget_train_s=budget_train_s)
-    if config is None and preset is None:  # a profile trains for minutes: never by accident
-        print(ctx.get_usage(), file=sys.stderr)
-        print("error: give a config file, or --preset NAME (`rlbatch config presets` lists "
-              "them; `--preset quick` is the demo's); `rlbatch profile --help` says more",
-              file=sys.stderr)
-        raise typer.Exit(2)
+    _require_config(ctx, config, preset)
     cfg = resolve(config, preset, overrides)
     _check_before_writing(cfg, executor, trial_gpus)
     out_dir = out or f"profiles/{cfg.name}"
@@ -132,6 +127,17 @@ def profile(
     if baseline_failed(doc):
         err.print(f"error: no decision: {doc['problem']}", markup=False, highlight=False,
                   soft_wrap=True)
+        raise typer.Exit(2)
+
+
+def _require_config(ctx: typer.Context, config: str | None, preset: str | None) -> None:
+    """A profile trains for minutes: never started by a bare `rlbatch profile`. Its usage and
+    one error line, exit 2."""
+    if config is None and preset is None:
+        print(ctx.get_usage(), file=sys.stderr)
+        print("error: give a config file, or --preset NAME (`rlbatch config presets` lists "
+              "them; `--preset quick` is the demo's); `rlbatch profile --help` says more",
+              file=sys.stderr)
         raise typer.Exit(2)
 
 
@@ -165,7 +171,7 @@ def _check_before_writing(cfg, executor: str, trial_gpus: float) -> None:
     executors.check_trial_gpus(executor, trial_gpus, cfg)
     if cfg.backend != "command":
         return
-    from rlbatch.backends.command.run import check_command, check_framework_files
+    from rlbatch.backends.command.preflight import check_command, check_framework_files
     from rlbatch.profile.trials import profile_prompts
 
     if executor == "local":

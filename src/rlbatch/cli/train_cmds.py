@@ -57,7 +57,8 @@ def train(
 
             trainer = TRLRun(cfg, resume=resume, fresh=fresh, build_progress=_build_printer())
         elif cfg.backend == "command":  # the user's own command, followed through its log
-            from rlbatch.backends.command.run import CommandRun, become_subreaper
+            from rlbatch.backends.command.procs import become_subreaper
+            from rlbatch.backends.command.run import CommandRun
             from rlbatch.cli import common
 
             if common.WHOLE_PROCESS:  # descendants that leave the command's group stay ours

@@ -31,16 +31,22 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from rlbatch.analysis.runs import run_row
 from rlbatch.core.config import Config
+from rlbatch.core.errors import DataError
 from rlbatch.core.loading import validate_config
 from rlbatch.core.runlog import (
     STOP_FILE,
+    Run,
     atomic_write_json,
     atomic_write_text,
     ended_for_good,
+    find_runs,
     read_json,
+    read_run,
 )
 from rlbatch.profile.trials import Trial, plan_trials
 
@@ -113,7 +119,6 @@ def record_bank(cfg: Config, bank_dir: str | Path, seeds: list[int],
     its time to target, with a checksum over the runs' N* and throughput); return it."""
     from rlbatch.backends.builtin.checkpoint import CHECKPOINTS
     from rlbatch.backends.builtin.trainer import train
-    from rlbatch.profile.replay import learning_key
 
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     bank_dir = Path(bank_dir)
@@ -154,7 +159,6 @@ def finished_runs(bank_dir: Path) -> dict[tuple, Path]:
     """The bank's runs that ended for good, by (learning key, seed): a run is found again
     whatever version of rlbatch named its directory."""
     from rlbatch.core.runlog import find_runs, read_run
-    from rlbatch.profile.replay import learning_key
 
     out = {}
     for d in find_runs([bank_dir]) if any(Path(bank_dir).iterdir()) else []:
@@ -182,3 +186,77 @@ def bank_summary(cfg: Config, trials: list[Trial], dirs: list[Path]) -> dict:
                 None if r["throughput"] is None else round(r["throughput"], 1)] for r in rows]
     digest = hashlib.sha256(json.dumps(figures, sort_keys=True).encode()).hexdigest()[:16]
     return {"config": cfg.name, "runs": rows, "checksum": digest}
+
+
+# ---- loading a bank ------------------------------------------------------------------------
+
+def learning_key(config: dict) -> tuple:
+    """What makes two runs seeds of one configuration for a replay: the algorithm, P, G,
+    the actor LR and the batch schedule (not where or how often it was evaluated)."""
+    row = run_row(Run(dir=Path("."), config=config, manifest={}, steps=[], evals=[],
+                      summary={}))
+    lr = row["lr"]
+    return (row["algorithm"], row["prompts_per_step"], row["samples_per_prompt"],
+            None if lr is None else float(f"{lr:.6g}"), row["schedule"])
+
+
+def describe(key: tuple) -> str:
+    algo, p, g, lr, sch = key
+    b = p * g if isinstance(p, int) and isinstance(g, int) else "?"
+    return (f"{algo} B={b} (P={p}, G={g}), lr {lr:.3g}" if lr is not None else
+            f"{algo} B={b} (P={p}, G={g})") + (f", schedule {sch}" if sch else "")
+
+
+@dataclass
+class BankRun:
+    dir: Path
+    seed: int
+    steps: list[dict]
+    evals: dict[int, dict]  # step -> evaluation row
+    status: str | None
+    crossing: dict | None = None  # its first evaluation at or above the target (bank_truth)
+
+    @property
+    def every_step(self) -> bool:
+        return all(s["step"] in self.evals for s in self.steps)
+
+
+@dataclass
+class Bank:
+    dir: Path
+    runs: dict[tuple, dict[int, BankRun]]  # learning key -> seed -> run
+
+    def seeds(self, key: tuple) -> list[int]:
+        return sorted(self.runs.get(key, {}))
+
+    def common_seeds(self, keys: list[tuple]) -> list[int]:
+        sets = [set(self.runs.get(k, {})) for k in keys]
+        return sorted(set.intersection(*sets)) if sets else []
+
+
+def load_bank(bank_dir: str | Path) -> Bank:
+    """Every run directory under `bank_dir`, grouped by learning key and seed. A folder with
+    no runs, or a run without config.yaml, is a DataError naming it."""
+    bank_dir = Path(bank_dir)
+    dirs = find_runs([bank_dir])
+    if not dirs:
+        raise DataError("no run directories (config.yaml with steps.jsonl and evals.jsonl)",
+                        where=str(bank_dir))
+    runs: dict[tuple, dict[int, BankRun]] = {}
+    for d in dirs:
+        run = read_run(d)
+        if not run.config:
+            raise DataError("no config.yaml: a replay cannot tell which configuration this "
+                            "run is", where=str(d))
+        seed = run.config.get("seed")
+        if not isinstance(seed, int):
+            raise DataError("config.yaml has no integer `seed`", where=str(d / "config.yaml"))
+        steps = sorted({s["step"]: s for s in run.steps if isinstance(s.get("step"), int)}
+                       .values(), key=lambda s: s["step"])
+        evals = {e["step"]: e for e in run.evals if isinstance(e.get("step"), int)}
+        key = learning_key(run.config)
+        if seed in runs.setdefault(key, {}):
+            raise DataError(f"two runs of {describe(key)} at seed {seed} (the other: "
+                            f"{runs[key][seed].dir})", where=str(d))
+        runs[key][seed] = BankRun(d, seed, steps, evals, (run.summary or {}).get("status"))
+    return Bank(bank_dir, runs)

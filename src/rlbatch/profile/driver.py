@@ -19,7 +19,8 @@ from pathlib import Path
 
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
-from rlbatch.backends.command.run import CHECKPOINT_REFUSED, CHECKPOINT_TRIES, exit_words
+from rlbatch.backends.command.health import CHECKPOINT_REFUSED, CHECKPOINT_TRIES
+from rlbatch.backends.command.procs import exit_words
 from rlbatch.core.config import Config
 from rlbatch.core.errors import EXIT_DIVERGED, UserError, sanitize
 from rlbatch.core.loading import validate_config
@@ -44,7 +45,7 @@ Progress = Callable[[list[dict]], None]
 Stopper = Callable[[dict], "str | None"]
 # processes of one trial in a row that may end without a final status (killed by a signal:
 # SIGKILL, the OOM killer) before the trial is counted failed: the limit of a command's
-# attempts on one checkpoint, backends/command/run.py CHECKPOINT_TRIES
+# attempts on one checkpoint, backends/command/health.py CHECKPOINT_TRIES
 KILLED_TRIES = CHECKPOINT_TRIES
 
 
@@ -96,7 +97,7 @@ def code_words(code: int) -> str:
 
 
 def refused_checkpoint(why: str | None) -> bool:
-    """Whether a trial's failure is its checkpoint refused (backends/command/run.py
+    """Whether a trial's failure is its checkpoint refused (backends/command/health.py
     `bad_checkpoint`): a re-run does not resume such a trial, so none is advised."""
     return f"command: {CHECKPOINT_REFUSED}:" in (why or "")
 

@@ -81,6 +81,44 @@ def _nearest(mu: np.ndarray, n: np.ndarray, b: int, right: list[int], eps: float
     return lam
 
 
+@dataclass
+class _Alternatives:
+    """What makes an alternative lambda bind: mu, the spread, the right answers under mu,
+    the configurations a decision may pick, and the error rates allowed."""
+
+    mu: np.ndarray
+    sd: float
+    right: list[int]
+    pool: list[int]
+    margin: float
+    baseline: int
+    p_right: float
+    p_false: float
+
+    def error_rate(self, lam) -> float | None:
+        """What a correct procedure may give mu's answers with under lam: the error rate of
+        the kind of error they all are there (None: some answer is right and no false
+        recommendation under lam, so nothing bounds it)."""
+        best = min(lam[k] for k in self.pool)
+        wrong = all(lam[i] >= best + self.margin - 1e-9 for i in self.right)
+        false = all(i != self.baseline and lam[i] >= lam[self.baseline] - 1e-9
+                    for i in self.right)
+        if wrong and false:
+            return min(1 - self.p_right, self.p_false)
+        if wrong or false:
+            return (1 - self.p_right) if wrong else self.p_false
+        return None
+
+    def need(self, lam) -> float:
+        """The right side of the inequality: kl(p_right, the error rate under lam)."""
+        rate = self.error_rate(lam)
+        return 0.0 if rate is None or rate >= self.p_right else kl_bernoulli(self.p_right, rate)
+
+    def distance(self, lam) -> np.ndarray:
+        """Per configuration, the divergence of one run under mu from one under lam."""
+        return (self.mu - lam) ** 2 / (2 * self.sd * self.sd)
+
+
 def information_floor(log_t: list[float], costs: list[float], eligible: list[bool],
                       sd: float, p_right: float = 0.9, p_false: float = 0.05,
                       baseline: int = 0, within: float = WITHIN,
@@ -97,60 +135,51 @@ def information_floor(log_t: list[float], costs: list[float], eligible: list[boo
     if sd <= 0:
         raise ValueError("the spread of log T must be positive")
     mu = np.asarray(log_t, dtype=float)
-    c = np.asarray(costs, dtype=float)
     right = right_answers(log_t, eligible, within)
-    margin = math.log(within)
-    shapes = [(b, margin) for b, e in enumerate(eligible) if e and b not in right]
+    alt = _Alternatives(mu, sd, right, [k for k, e in enumerate(eligible) if e],
+                        math.log(within), baseline, p_right, p_false)
+    shapes = [(b, alt.margin) for b, e in enumerate(eligible) if e and b not in right]
     if baseline not in right:
         shapes.append((baseline, 0.0))
     if not shapes:  # every eligible configuration is a right pick: nothing to learn
         return Floor(0.0, [0.0] * len(mu), [], right)
-    pool = [k for k, e in enumerate(eligible) if e]
+    c = np.asarray(costs, dtype=float)
+    n, cuts = _cutting_planes(alt, c, shapes, rounds)
+    binding = []
+    for row, nd, k in cuts:
+        if nd > 0 and abs(float(np.dot(row, n)) - nd) <= 1e-6 * nd and k not in binding:
+            binding.append(k)
+    return Floor(float(np.dot(c, n)), [float(v) for v in n], binding, right)
 
-    def error_rate(lam) -> float | None:
-        """What a correct procedure may give mu's answers with under lam: the sum of the
-        error rates of the kinds of error they all are there (None: some answer is right
-        and no false recommendation under lam, so nothing bounds it)."""
-        best = min(lam[k] for k in pool)
-        wrong = all(lam[i] >= best + margin - 1e-9 for i in right)
-        false = all(i != baseline and lam[i] >= lam[baseline] - 1e-9 for i in right)
-        if wrong and false:
-            return min(1 - p_right, p_false)
-        if wrong or false:
-            return (1 - p_right) if wrong else p_false
-        return None
 
-    rows, needs, kinds = [], [], []
-
-    def need(lam) -> float:
-        rate = error_rate(lam)
-        return 0.0 if rate is None or rate >= p_right else kl_bernoulli(p_right, rate)
+def _cutting_planes(alt: _Alternatives, c: np.ndarray, shapes: list[tuple[int, float]],
+                    rounds: int) -> tuple[np.ndarray, list[tuple]]:
+    """The least-cost allocation under every alternative's inequality: solve over the
+    alternatives found so far, add the nearest one of each shape that the allocation
+    violates, until none is. Returns the allocation and the cuts (distance row, need,
+    description)."""
+    cuts: list[tuple] = []
 
     def add(lam, b, eps):
-        rows.append((mu - lam) ** 2 / (2 * sd * sd))
-        needs.append(need(lam))
-        kinds.append({"made_best": b, "margin": eps, "error_rate": error_rate(lam)})
+        cuts.append((alt.distance(lam), alt.need(lam),
+                     {"made_best": b, "margin": eps, "error_rate": alt.error_rate(lam)}))
 
-    n = np.ones(len(mu))
+    n = np.ones(len(alt.mu))
     for b, eps in shapes:
-        add(_nearest(mu, n, b, right, eps), b, eps)
+        add(_nearest(alt.mu, n, b, alt.right, eps), b, eps)
     for _ in range(rounds):
-        res = linprog(c, A_ub=-np.array(rows), b_ub=-np.array(needs),
-                      bounds=[(0, None)] * len(mu), method="highs")
+        res = linprog(c, A_ub=-np.array([r for r, _, _ in cuts]),
+                      b_ub=-np.array([nd for _, nd, _ in cuts]),
+                      bounds=[(0, None)] * len(alt.mu), method="highs")
         if res.status != 0:
             raise RuntimeError(f"the floor's linear program failed: {res.message}")
         n = res.x
         added = False
         for b, eps in shapes:
-            lam = _nearest(mu, n, b, right, eps)
-            have = float(np.sum(n * (mu - lam) ** 2) / (2 * sd * sd))
-            if have < need(lam) * (1 - 1e-6):
+            lam = _nearest(alt.mu, n, b, alt.right, eps)
+            if float(np.dot(n, alt.distance(lam))) < alt.need(lam) * (1 - 1e-6):
                 add(lam, b, eps)
                 added = True
         if not added:
             break
-    binding = []
-    for row, nd, k in zip(rows, needs, kinds):
-        if nd > 0 and abs(float(np.dot(row, n)) - nd) <= 1e-6 * nd and k not in binding:
-            binding.append(k)
-    return Floor(float(np.dot(c, n)), [float(v) for v in n], binding, right)
+    return n, cuts

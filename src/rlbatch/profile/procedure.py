@@ -135,7 +135,7 @@ def baseline_evidence(base: list[Trial], cfg: Config, failed: dict | None = None
 def _short_advice(base: list[Trial], res: list[dict]) -> str:
     """What would let the baseline reach the target: a larger budget, unless a run that did
     not cross ended by its command's own step or epoch limit (stop_reason `ended_short`,
-    backends/command/run.py), or diverged, which a larger budget does not move either."""
+    backends/command/health.py), or diverged, which a larger budget does not move either."""
     censored = [(t, trial_status(t)) for t, r in zip(base, res, strict=True) if r["censored"]]
     diverged = [(t, st) for t, st in censored if st["status"] == "diverged"]
     if diverged:
