@@ -21,6 +21,11 @@ otherwise. The floor is the least sum_k c_k N_k under every such inequality: a l
 program in N over a set of alternatives without end, solved by adding, for the allocation
 found so far, the nearest alternative of each kind until none is violated (a cutting-plane
 method; the value at every round is itself a lower bound, and the last is the floor).
+The alternatives are of two shapes: every right answer a wrong pick (some b faster than each
+by the margin; moving b and the answers is the nearest way), or every right answer a false
+recommendation (the baseline as fast as each). Alternatives that make some answers wrong and
+the others false are left out: leaving inequalities out can only lower the value, so the
+floor stays a lower bound.
 """
 
 from __future__ import annotations
