@@ -1,4 +1,4 @@
-"""`rlbatch config show|check` and `rlbatch lr-scale`."""
+"""`rlbatch config show|check|presets|reference` and `rlbatch lr-scale`."""
 
 from __future__ import annotations
 
@@ -98,6 +98,16 @@ def presets() -> None:
     width = max(len(n) for n in names)
     for name in names:
         print(f"{name:<{width}}  {preset_summary(name)}")
+
+
+@config_app.command("reference")
+def reference() -> None:
+    """Every config key (type, default, what it is) and every command's options, as
+    Markdown: docs/reference.md is this command's output."""
+    from rlbatch.cli.main import app
+    from rlbatch.cli.reference import reference_markdown
+
+    sys.stdout.write(reference_markdown(app))
 
 
 def lr_scale(

@@ -44,10 +44,14 @@ from rlbatch.core.sections import (  # noqa: F401  (re-exported: the config's pu
 
 
 class Config(StrictModel):
-    name: str = "run"
+    name: str = Field("run", description="the config's name: a profile's folder and its "
+                      "trials' names")
     model: str = Field("tiny", description="'tiny' (built-in default) or a local HF checkpoint")
-    algorithm: Literal["grpo", "ppo"] = "grpo"
-    backend: Literal["builtin", "trl", "command"] = "builtin"
+    algorithm: Literal["grpo", "ppo"] = Field("grpo", description="grpo (group-normalized "
+                                              "advantages) or ppo (with a critic)")
+    backend: Literal["builtin", "trl", "command"] = Field(
+        "builtin", description="who trains: the built-in trainer, TRL's GRPOTrainer, or your "
+        "own command (the command: section)")
     task: TaskConfig = TaskConfig()
     batch: BatchConfig = BatchConfig()
     optimizer: OptimizerConfig = OptimizerConfig(reference_sequences=128, reference_lr=1e-4)
@@ -65,10 +69,14 @@ class Config(StrictModel):
     command: CommandConfig | None = Field(
         None, description="backend: command: the user's own training command (trl, verl, "
         "openrlhf, prime-rl, or rlbatch train) run and followed as the trial")
-    seed: int = Field(0, ge=0, le=2**32 - 1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    output_dir: str = "runs"
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="the run's seed: prompt order, sampling and "
+                      "any random initialisation")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when "
+                                                   "available, else the CPU")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="the trained "
+                                                  "model's dtype")
+    output_dir: str = Field("runs", description="where `rlbatch train` writes its run folder "
+                            "(--out)")
     trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         [], description="metric sinks of the built-in trainer (x axis: samples); optional packages")
 

@@ -62,7 +62,10 @@ class StrictModel(BaseModel):
 
 
 class TaskConfig(StrictModel):
-    name: Literal["addition", "reverse", "runsum", "dataset"] = "addition"
+    """What the model is trained on: a built-in task or a dataset file, and its reward."""
+
+    name: Literal["addition", "reverse", "runsum", "dataset"] = Field(
+        "addition", description="a built-in task, or dataset (a file of prompts and answers: path)")
     digits: int = Field(
         None, ge=1, le=12, validate_default=False,
         description="difficulty knob: operand / string length (default 3 for addition, 6 for "
@@ -70,11 +73,13 @@ class TaskConfig(StrictModel):
     )
     path: str | None = Field(None, description="dataset file (JSONL or Parquet) for name=dataset")
     eval_path: str | None = Field(None, description="held-out dataset file; default: split of path")
-    prompt_column: str = "prompt"
-    answer_column: str = "answer"
-    format: Literal["auto", "jsonl", "parquet", "verl"] = "auto"
+    prompt_column: str = Field("prompt", description="name=dataset: the prompt column")
+    answer_column: str = Field("answer", description="name=dataset: the answer column")
+    format: Literal["auto", "jsonl", "parquet", "verl"] = Field(
+        "auto", description="name=dataset: the file's format (auto: from its extension; verl: verl's parquet layout)")
     reward: str = Field("exact", description="exact | numeric | gsm8k | boxed | module:function")
-    tolerance: float = Field(1e-6, ge=0)
+    tolerance: float = Field(1e-6, ge=0, description="numeric reward: the largest difference "
+                             "from the answer that still scores 1")
 
     @model_validator(mode="before")
     @classmethod
@@ -109,8 +114,10 @@ class BatchSchedule(StrictModel):
     the first B = batch.prompts_per_step x G) or `adaptive` (from the noise scale). Each B
     runs at its LR by optimizer.lr_scaling from (reference_sequences, reference_lr)."""
 
-    steps: list[tuple[int, int]] | None = Field(None, min_length=1, max_length=MAX_LIST)
-    adaptive: AdaptiveSchedule | None = None
+    steps: list[tuple[int, int]] | None = Field(
+        None, min_length=1, max_length=MAX_LIST,
+        description="[[samples, sequences], ...]: B from each number of samples on")
+    adaptive: AdaptiveSchedule | None = Field(None, description="B raised by the noise scale")
 
     @model_validator(mode="after")
     def _one_kind(self) -> BatchSchedule:
@@ -130,11 +137,16 @@ class BatchSchedule(StrictModel):
 
 
 class BatchConfig(StrictModel):
+    """The batch of a rollout step: P prompts x G responses (B = P x G), and how the
+    update splits it."""
+
     prompts_per_step: int = Field(16, gt=0, le=MAX_PROMPTS,
                                   description="P: prompts drawn per rollout step")
     samples_per_prompt: int = Field(8, gt=0, le=MAX_COUNT, description="G: responses per prompt")
-    minibatches_per_step: int = Field(1, gt=0, le=MAX_COUNT)
-    epochs_per_step: int = Field(1, gt=0, le=MAX_COUNT)
+    minibatches_per_step: int = Field(1, gt=0, le=MAX_COUNT, description="optimizer updates "
+                                      "per epoch over a step's batch")
+    epochs_per_step: int = Field(1, gt=0, le=MAX_COUNT, description="passes over a step's "
+                                 "batch (PPO epochs)")
     micro_batch_sequences: int | None = Field(
         None, gt=0, le=MAX_SEQUENCES,
         description="gradient-accumulation chunk; default = whole minibatch"
@@ -149,7 +161,8 @@ class LrRule(StrictModel):
                              description="learning rate used as is (no scaling)")
     reference_sequences: int | None = Field(None, gt=0, le=MAX_SEQUENCES, description="B0")
     reference_lr: float | None = Field(None, gt=0, le=10, description="eta0 at B0")
-    lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    lr_scaling: Literal["sqrt", "linear", "none"] = Field(
+        "sqrt", description="the LR rule eta(B) = eta0 (B/B0)^p: p = 1/2, 1 or 0")
 
     def resolve_lr(self, sequences: int, field: str) -> float:
         if self.lr is not None:
@@ -162,19 +175,27 @@ class LrRule(StrictModel):
 
 
 class OptimizerConfig(LrRule):
+    """The actor's AdamW and its LR rule: eta(B) = reference_lr
+    (B/reference_sequences)^p."""
+
     scale_adam: bool = Field(False, description="also scale betas and eps (Malladi et al. 2022)")
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.999, ge=0, lt=1)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1, description="Adam's first-moment decay")
+    beta2: float = Field(0.999, ge=0, lt=1, description="Adam's second-moment decay")
+    eps: float = Field(1e-8, gt=0, description="Adam's epsilon")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay")
     warmup_samples: int = Field(0, ge=0, le=MAX_SAMPLES,
                                 description="linear LR warm-up, in samples")
-    max_grad_norm: float | None = Field(1.0, gt=0)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping by global "
+                                         "norm; null = off")
 
 
 class CriticConfig(LrRule):
-    minibatches_per_step: int = Field(1, gt=0, le=MAX_COUNT)
-    epochs_per_step: int = Field(1, gt=0, le=MAX_COUNT)
+    """PPO's critic: its own LR rule and update settings."""
+
+    minibatches_per_step: int = Field(1, gt=0, le=MAX_COUNT, description="critic updates "
+                                      "per epoch over a step's batch")
+    epochs_per_step: int = Field(1, gt=0, le=MAX_COUNT, description="the critic's passes over "
+                                 "a step's batch")
     update_every_samples: int = Field(
         0, ge=0, le=MAX_SAMPLES,
         description="update the critic on the steps that cross a multiple of this many "
@@ -185,13 +206,20 @@ class CriticConfig(LrRule):
                     "when it ends at or before this mark)")
     lr_warmup_samples: int = Field(0, ge=0, le=MAX_SAMPLES,
                                    description="linear warm-up of the critic's LR, in samples")
-    value_clip: float | None = Field(0.2, gt=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
+    value_clip: float | None = Field(0.2, gt=0, description="PPO value clipping around the "
+                                     "old value; null = off")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="the critic's gradient "
+                                         "clipping by global norm; null = off")
 
 
 class LossConfig(StrictModel):
-    clip_ratio_low: float = Field(0.2, gt=0, lt=1)
-    clip_ratio_high: float = Field(0.2, gt=0)
+    """The policy loss: clipping, GRPO's advantage normalisation, the KL penalty, PPO's
+    GAE."""
+
+    clip_ratio_low: float = Field(0.2, gt=0, lt=1, description="the policy ratio is clipped "
+                                  "below at 1 - this")
+    clip_ratio_high: float = Field(0.2, gt=0, description="the policy ratio is clipped above "
+                                   "at 1 + this")
     advantage_norm: Literal["std", "mean"] = Field("std", description="GRPO group normalization")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL penalty to a frozen reference; 0 = off")
     gamma: float = Field(1.0, ge=0, le=1, description="PPO discount")
@@ -199,12 +227,17 @@ class LossConfig(StrictModel):
 
 
 class RolloutConfig(StrictModel):
+    """How responses are generated: length, sampling, decode engine and concurrency."""
+
     generation_concurrency: int = Field(64, gt=0, le=MAX_COUNT,
                                         description="C: sequences decoded at once")
-    max_new_tokens: int = Field(5, gt=0, le=MAX_COUNT)
-    temperature: float = Field(1.0, ge=MIN_TEMPERATURE)
-    top_p: float = Field(1.0, gt=0, le=1)
-    engine: Literal["builtin", "hf", "vllm"] = "builtin"
+    max_new_tokens: int = Field(5, gt=0, le=MAX_COUNT, description="longest response, in tokens")
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE, description="sampling temperature of "
+                               "the rollouts")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of the rollouts; 1 = off")
+    engine: Literal["builtin", "hf", "vllm"] = Field(
+        "builtin", description="decode engine: the built-in torch decoder, HF generate, or vLLM "
+        "(GPU)")
     simulated_latency_s: float = Field(
         0.0, ge=0, le=3600, description="seconds of sleep added to every rollout step (counted "
         "in time/rollout), as a remote generation service or weight sync would cost; 0 = off. "
@@ -212,6 +245,8 @@ class RolloutConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
+    """The held-out evaluation: how often, on how many prompts, with how many samples."""
+
     every_samples: int = Field(8192, gt=0, le=MAX_SAMPLES,
                                description="evaluate at multiples of this many samples")
     prompts: int = Field(1024, gt=0, le=MAX_PROMPTS, description="fixed held-out prompts")
@@ -219,7 +254,8 @@ class EvalConfig(StrictModel):
                    description="samples per eval prompt (mean@k); k=1 decodes greedily")
     temperature: float = Field(1.0, ge=MIN_TEMPERATURE,
                                description="sampling temperature when k > 1")
-    at_start: bool = True
+    at_start: bool = Field(True, description="evaluate before the first step (the step-0 value "
+                           "a relative target adds its gain to)")
 
 
 class TargetConfig(StrictModel):
@@ -227,7 +263,7 @@ class TargetConfig(StrictModel):
     step-0 evaluation; `value` must then be null). `rlbatch profile` turns a gain into one
     absolute value for all its trials from the baseline model's step-0 evaluation."""
 
-    metric: str = "eval/accuracy"
+    metric: str = Field("eval/accuracy", description="the evaluation metric the target is on")
     value: float | None = Field(0.5, description="absolute target (null when `gain` is set)")
     gain: float | None = Field(None, gt=0, description="relative target: step-0 value + gain")
 
@@ -251,22 +287,33 @@ class TargetConfig(StrictModel):
 
 
 class BudgetConfig(StrictModel):
-    max_samples: int = Field(131072, gt=0, le=MAX_SAMPLES)
-    max_train_s: float | None = Field(None, gt=0)
+    """When a run ends: a sample budget, a training-seconds cap, or at the target."""
+
+    max_samples: int = Field(131072, gt=0, le=MAX_SAMPLES, description="a run ends after this "
+                             "many samples (responses)")
+    max_train_s: float | None = Field(None, gt=0, description="a run ends after this many "
+                                      "training seconds; null = no cap")
     stop_at_target: bool = Field(True, description="false: run on to max_samples (full curves)")
 
 
 class CheckpointConfig(StrictModel):
+    """How often a run saves what a resume needs."""
+
     every_samples: int | None = Field(None, gt=0, le=MAX_SAMPLES,
                                       description="None: only at the end")
 
 
 class NoiseScaleConfig(StrictModel):
-    enabled: bool = False
+    """The gradient noise scale estimate (B_simple), logged per step."""
+
+    enabled: bool = Field(False, description="estimate the gradient noise scale B_simple at "
+                          "each step")
     ema: float = Field(0.9, ge=0, lt=1, description="smoothing of numerator and denominator")
 
 
 class NonFiniteConfig(StrictModel):
+    """What a NaN or inf loss does to a run."""
+
     max_consecutive: int = Field(3, gt=0, le=MAX_COUNT,
                                  description="abort after this many skipped updates")
 
@@ -392,7 +439,8 @@ class ProfileConfig(StrictModel):
         "the pair's own, pooled over every configuration, the larger of the two, or paired "
         "by seed where 3 or more seeds of both crossed (rlbatch analyze --spread; "
         "docs/analysis.md, 'Per-configuration spread')")
-    workers: int = Field(1, gt=0, le=1024)
+    workers: int = Field(1, gt=0, le=1024, description="trials run at once; each gets its "
+                         "share of the CPUs (RLBATCH_THREADS)")
     strategy: Literal["full", "probe"] = Field(
         "full", description="full: every candidate towards the target (early stops); probe: "
         "short probes, predicted time to target, only the predicted winner run to the target")

@@ -21,11 +21,6 @@ otherwise. The floor is the least sum_k c_k N_k under every such inequality: a l
 program in N over a set of alternatives without end, solved by adding, for the allocation
 found so far, the nearest alternative of each kind until none is violated (a cutting-plane
 method; the value at every round is itself a lower bound, and the last is the floor).
-The alternatives are of two shapes: every right answer a wrong pick (some b faster than each
-by the margin; moving b and the answers is the nearest way), or every right answer a false
-recommendation (the baseline as fast as each). Alternatives that make some answers wrong and
-the others false are left out: leaving inequalities out can only lower the value, so the
-floor stays a lower bound.
 """
 
 from __future__ import annotations
@@ -136,7 +131,9 @@ def information_floor(log_t: list[float], costs: list[float], eligible: list[boo
     answers is faster than each of them by the margin (each answer then a wrong pick, which
     a procedure may give with probability 1 - p_right), and, where the baseline is not a
     right answer, one under which each of them is no faster than the baseline (each answer
-    then a false recommendation, allowed p_false)."""
+    then a false recommendation, allowed p_false). Alternatives that make some answers wrong
+    picks and the others false recommendations are left out: leaving inequalities out can
+    only lower the value, so the floor stays a lower bound."""
     if sd <= 0:
         raise ValueError("the spread of log T must be positive")
     mu = np.asarray(log_t, dtype=float)
