@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.profile_run import profile_json, started_trials
 from helpers.standin_profile import standin_profile
 from rlbatch.analysis.analyze import analyze
 from rlbatch.analysis.crossing import Target
@@ -31,17 +32,8 @@ HELPERS = Path(__file__).resolve().parent / "helpers"
 RLBATCH = [sys.executable, "-m", "rlbatch.cli.main"]
 
 
-def _profile(config: Path, out: Path, *extra: str) -> dict:
-    proc = subprocess.run([*RLBATCH, "profile", str(config), "--out", str(out), "--json",
-                           *extra], capture_output=True, text=True, check=False, timeout=1800,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _trial_dirs(out: Path) -> dict[str, Path]:
-    return {e["trial"]: Path(e["run_dir"]) for e in read_jsonl(out / "journal.jsonl")[0]
-            if e["event"] == "started"}
+_profile = profile_json
+_trial_dirs = started_trials
 
 
 # ---------------------------------------------------------------- rlbatch train as a command

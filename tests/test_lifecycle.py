@@ -13,16 +13,15 @@ construction), not a learning outcome.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from rlbatch.core.runlog import read_json, read_jsonl
+from helpers.profile_run import profile_json, started_trials
+from rlbatch.core.runlog import read_json
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
 RLBATCH = [sys.executable, "-m", "rlbatch.cli.main"]
@@ -52,16 +51,10 @@ def _config(tmp_path: Path, framework: str, argv: list[str], env: dict, metric: 
 
 
 def _profile(config: Path, out: Path) -> dict:
-    proc = subprocess.run([*RLBATCH, "profile", str(config), "--out", str(out), "--json"],
-                          capture_output=True, text=True, check=False, timeout=300,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return profile_json(config, out, timeout=300)
 
 
-def _trials(out: Path) -> dict[str, Path]:
-    return {e["trial"]: Path(e["run_dir"]) for e in read_jsonl(out / "journal.jsonl")[0]
-            if e["event"] == "started"}
+_trials = started_trials
 
 
 def printed_gap(what: str):
