@@ -10,8 +10,10 @@ Each `--bank NAME=DIR` is replayed with the config `bench/banks/NAME.yaml`. Vari
 with alpha spent over the looks, with follow-ups for open configurations and alpha spent,
 with the futility stops or without early stops (follow-ups for every configuration), with
 each comparison on one spread pooled over every configuration or on the larger of the
-pair's and the pooled one, the probe strategy, and the first look alone (`rlbatch profile`
-without --follow); the floor column is the bank's information floor (profile/floor.py); each one's `rlbatch replay --json` document is written to
+pair's and the pooled one, the probe strategy, the first look alone (`rlbatch profile`
+without --follow), and the profile within a budget of 2, 4 and 8 baseline runs (`--budget`,
+beside the one-seed grid within the same budget; `calibration` in the JSON holds the printed
+probabilities against how often they came true); the floor column is the bank's information floor (profile/floor.py); each one's `rlbatch replay --json` document is written to
 `--out/NAME-VARIANT.json`.
 """
 
@@ -41,6 +43,11 @@ VARIANTS = {
     "probe": ("probe", []),
     # `rlbatch profile` with no --follow: the first look's decision alone
     "first-look": ("full", [], 0),
+    # `rlbatch profile --budget N`: looks while the budget pays for them, a pick with its
+    # probabilities (profile/budget.py); beside the one-seed grid within the same budget
+    "budget-2": ("full", ["profile.budget=2"]),
+    "budget-4": ("full", ["profile.budget=4"]),
+    "budget-8": ("full", ["profile.budget=8"]),
 }
 
 
@@ -107,6 +114,9 @@ def table(docs: list[dict]) -> int:
         if d["variant"] == "full":  # the two reference rows once per bank
             mine += [("keep the baseline", ref["keep_baseline"]),
                      ("one seed each, lowest T", ref["one_seed_grid"])]
+        within = [r for name, r in ref.items() if name.startswith("one_seed_grid_budget_")]
+        mine += [(f"one seed each within the budget ({r['strategy'].rsplit('_', 1)[1]})", r)
+                 for r in within]
         for label, r in mine:
             rows.append({"bank": d["bank"], "procedure": label, **r})
             cov = r.get("pick_interval_coverage")

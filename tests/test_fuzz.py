@@ -355,7 +355,7 @@ FOUND = [  # id, files written into a copy of the sweep ({d}), command, file nam
      "from a file, ESC or CR, rewrites the terminal)")),
     ("subnormal-temperature", {"c.yaml": b"extends: grpo-tiny\nrollout:\n  temperature: "
                                b"1.0e-320\n"}, CONFIG, "c.yaml", 3,
-     ("core/sections.py: a floor (MIN_TEMPERATURE = 0.01) on rollout and eval temperature; "
+     ("core/schema.py: a floor (MIN_TEMPERATURE = 0.01) on rollout and eval temperature; "
       "1e-320 overflowed logits / T and every reward was 0 (issue 32)")),
     ("verl-huge-length", {"m.jsonl": STEP1 % b"1e308"}, VERL, "m.jsonl", None, None),
     ("verl-huge-int", {"m.jsonl": STEP1 % HUGE}, VERL, "m.jsonl", None, None),

@@ -13,7 +13,7 @@ of B samples starting at s0, update (epoch e, minibatch m) gets the mean over
 the sum over updates of lr x samples-per-update equals the integral of lr(s) over the
 samples, whatever B is: at B >= W the first step still warms up (it gets the mean, not the
 peak), and runs at different B follow one schedule along the sample axis.
-The batch-size scaling rule itself (`eta(B) = eta0 (B/B0)^p`) is `core.config.scaled_lr`.
+The batch-size scaling rule itself (`eta(B) = eta0 (B/B0)^p`) is `core/lr_rule.py`.
 """
 
 from __future__ import annotations

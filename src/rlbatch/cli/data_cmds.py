@@ -17,7 +17,7 @@ import typer
 
 from rlbatch.cli.common import print_json
 from rlbatch.core.errors import ConfigError
-from rlbatch.core.sections import RolloutConfig, TaskConfig
+from rlbatch.core.schema import RolloutConfig, TaskConfig
 from rlbatch.rollout.datasets import check_dataset
 
 FORMATS = ("auto", "jsonl", "parquet", "verl")

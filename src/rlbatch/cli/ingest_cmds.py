@@ -17,7 +17,7 @@ import typer
 
 from rlbatch.cli.common import print_json
 from rlbatch.core.errors import ConfigError
-from rlbatch.core.sections import MAX_COUNT, MAX_PROMPTS, MAX_SEQUENCES
+from rlbatch.core.schema import MAX_COUNT, MAX_PROMPTS, MAX_SEQUENCES
 from rlbatch.interop.ingest import IngestOptions
 from rlbatch.interop.ingest import ingest as ingest_log
 

@@ -70,6 +70,25 @@ FollowOption = typer.Option(
     "docs/analysis.md, 'Replays')")
 
 
+BudgetOption = typer.Option(
+    None, "--budget", help="the most the profile may spend: N baseline runs' time to target "
+    "(e.g. 4), or training time (3600s, 90m, 2h). Its first look is one seed of each "
+    "configuration; it then adds seeds to the baseline and the likeliest fastest while the "
+    "budget pays, and prints a pick with P(slower than the baseline) (docs/analysis.md, "
+    "'A budget')")
+
+
+def budget_overrides(text: str | None) -> list[str]:
+    """The `--set`s `--budget` stands for (profile.budget or profile.budget_seconds)."""
+    from rlbatch.profile.budget import parse_budget
+
+    if text is None:
+        return []
+    runs, seconds = parse_budget(text)
+    return [f"profile.budget={runs}"] if runs is not None else [
+        f"profile.budget_seconds={seconds}"]
+
+
 def profile(
     ctx: typer.Context,
     config: str | None = typer.Argument(None, help="YAML config naming the baseline "
@@ -99,6 +118,7 @@ def profile(
         "predicted time to target, only the predicted winner run to the target)"),
     out: str | None = typer.Option(None, "--out", help="profile directory"),
     follow: int = FollowOption,
+    budget: str | None = BudgetOption,
     as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
 ) -> None:
     """Find the configuration with the lowest time to target: the baseline, sqrt-scaled
@@ -115,7 +135,8 @@ def profile(
 
     overrides = list(set_ or []) + _flag_overrides(
         batches=batches, concurrency=concurrency, seeds=seeds, workers=workers,
-        backend=backend, strategy=strategy, budget_train_s=budget_train_s)
+        backend=backend, strategy=strategy, budget_train_s=budget_train_s) + \
+        budget_overrides(budget)
     _require_config(ctx, config, preset)
     cfg = resolve(config, preset, overrides)
     _check_before_writing(cfg, executor, trial_gpus)
@@ -145,9 +166,10 @@ def _looks(cfg, out_dir: str, follow: int, as_json: bool, make_executor) -> dict
     """The profile, and while its decision asks for more seeds (`next`), up to `follow`
     more looks in the same folder with those seeds, each look's decision printed (but the
     last, which the caller prints). Returns the last look's document."""
-    from rlbatch.profile import driver, probing, procedure
+    from rlbatch.profile import budget, driver, probing, procedure
 
     run = probing.run_probe_profile if cfg.profile.strategy == "probe" else procedure.run_profile
+    follow = budget.follows(cfg.profile, follow)
     for look in range(follow + 1):
         doc = _run_live(run, cfg, out_dir, make_executor(cfg.profile.workers))
         sets = driver.next_sets(doc, cfg.profile.strategy)
@@ -155,7 +177,9 @@ def _looks(cfg, out_dir: str, follow: int, as_json: bool, make_executor) -> dict
             return doc
         if not as_json:
             _print_decision(doc, out_dir, False, continuing=True)
-            print(f"following next (look {look + 2} of at most {follow + 1}): "
+            at_most = ("within the budget" if budget.budgeted(cfg.profile)
+                       else f"of at most {follow + 1}")
+            print(f"following next (look {look + 2} {at_most}): "
                   + " ".join(f"{k}={v}" for k, v in sets.items()), flush=True)
         cfg = driver.with_sets(cfg, sets)
     return doc
@@ -286,6 +310,11 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = F
         decode = doc["decode"]
         c = decode["chosen"] if decode.get("passed_to_command", True) else None
         for line in decision_lines(doc["analysis"], c):
+            print(line)
+    if (d or {}).get("budget"):
+        from rlbatch.profile.budget import lines as budget_lines
+
+        for line in budget_lines(d["budget"]):
             print(line)
     for line in warning_lines(doc.get("trial_warnings") or []):
         print(line)

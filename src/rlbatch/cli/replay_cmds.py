@@ -55,6 +55,10 @@ def replay(
                                "decision's `next` (more seeds, a larger budget); the default "
                                "is `rlbatch profile --follow`'s, so that the replay scores what "
                                "the profile decides without flags"),
+    budget: str | None = typer.Option(
+        None, "--budget", help="replay `rlbatch profile --budget N` (baseline runs; its "
+        "looks follow the budget, not --follow), beside the one-seed grid within the same "
+        "budget"),
     as_json: bool = typer.Option(False, "--json", help="print the scores as JSON (last line)"),
 ) -> None:
     """What would the profile have decided on these runs, and how often would it have been
@@ -79,7 +83,9 @@ def replay(
         raise ConfigError("--replicates: give a positive number")
     if follow < 0:
         raise ConfigError("--follow: give 0 or more")
-    cfg = resolve(config, None, set_)
+    from rlbatch.cli.profile_cmds import budget_overrides
+
+    cfg = resolve(config, None, list(set_ or []) + budget_overrides(budget))
     say = (lambda line: print(line, file=sys.stderr, flush=True))
     strategies = list(STRATEGIES) if strategy == "all" else [strategy]
     doc = run_replay(cfg, bank_dir, strategies, replicates, seed=seed, follow=follow, say=say)
@@ -130,6 +136,11 @@ def replay_lines(doc: dict) -> list[str]:
                      f"{r['slower_than_baseline']:>6.2f}  {r['picks_departed']:>8.2f}  "
                      f"{r['median_cost']:>8.2f}  {_f(r.get('cost_over_floor')):>6}  "
                      f"{_f(r['pick_interval_coverage']):>8}")
+        for what, bins in (r.get("calibration") or {}).items():
+            lines.append(f"  {r['strategy']} {what.replace('_', ' ')}, printed against "
+                         "replayed: " + "; ".join(
+                             f"{b['mean_printed']:.2f} vs {b['frequency']:.2f} "
+                             f"({b['replicates']})" for b in bins))
     return lines
 
 

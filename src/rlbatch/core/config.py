@@ -6,9 +6,9 @@ Derived values (B, optimizer updates per step, the scaled learning rates and Ada
 hyper-parameters) are computed once here and logged with the config under `derived:`.
 
 This module is the top-level `Config`: its sections, the checks that span sections and the
-derived values. The sections themselves (types, ranges, defaults) and the learning-rate rule
-`eta(B) = eta0 * (B/B0)^p` (`scaled_lr`, `scaled_adam`) are `core/sections.py`, re-exported
-here. Loading and error reporting (file and line for every field) live in `core/loading.py`.
+derived values. The sections themselves (types, ranges, defaults) are `core/schema.py` and
+`core/profile_schema.py`, the learning-rate rule `eta(B) = eta0 * (B/B0)^p` (`scaled_lr`,
+`scaled_adam`) `core/lr_rule.py`, each re-exported here. Loading and error reporting (file and line for every field) live in `core/loading.py`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlbatch.core.sections import (  # noqa: F401  (re-exported: the config's public names)
+from rlbatch.core.lr_rule import LR_EXPONENTS, scaled_adam, scaled_lr  # noqa: F401
+from rlbatch.core.profile_schema import ProfileConfig
+from rlbatch.core.schema import (  # noqa: F401  (re-exported: the config's public names)
     BOUNDED_METRICS,
     DEFAULT_DIGITS,
-    LR_EXPONENTS,
     MAX_SEQUENCES,
     BatchConfig,
     BudgetConfig,
@@ -32,14 +33,11 @@ from rlbatch.core.sections import (  # noqa: F401  (re-exported: the config's pu
     NoiseScaleConfig,
     NonFiniteConfig,
     OptimizerConfig,
-    ProfileConfig,
     RewardConfig,
     RolloutConfig,
     StrictModel,
     TargetConfig,
     TaskConfig,
-    scaled_adam,
-    scaled_lr,
 )
 
 

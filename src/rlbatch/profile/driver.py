@@ -133,7 +133,10 @@ class Driver:
         self._killed: dict[str, int] = {}  # trial name -> its processes killed in a row
         self._noted: set[str] = set()  # trials whose earlier-release directory was said
 
-    def run(self, trials: list[Trial], stopper: Stopper | None = None) -> None:
+    def run(self, trials: list[Trial], stopper: Stopper | None = None,
+            admit: Callable[[Trial], bool] | None = None) -> None:
+        """Run `trials` to their ends; `stopper` may ask a running one to stop, `admit`
+        refuses to start one (a budget spent: journal event `not_started`)."""
         for t in trials:
             if t not in self.all:
                 self.all.append(t)
@@ -158,7 +161,11 @@ class Driver:
         by_name = {t.name: t for t in trials}
         while pending or self.ex.running():
             while pending and self.ex.capacity() > 0:
-                self._submit(pending.pop(0))
+                t = pending.pop(0)
+                if admit is None or admit(t):
+                    self._submit(t)
+                else:
+                    self.journal.log("not_started", trial=t.name, reason="profile budget spent")
             for fin in self.ex.poll():
                 if self._ended(fin, by_name[fin.name]):
                     pending.insert(0, by_name[fin.name])
@@ -396,6 +403,8 @@ def next_sets(doc: dict, strategy: str) -> dict | None:
     or the probe strategy's larger budget), or None when nothing is asked for: what
     `rlbatch profile --follow` and `rlbatch replay` run next, as the printed command would."""
     d = doc.get("decision") or {}
+    if "budget" in d:  # within a budget, the budget's look alone (budget.next_look)
+        return dict(d["next_set"]) if d.get("next_set") else None
     if d.get("next_set"):
         return dict(d["next_set"])
     rec = (doc.get("analysis") or {}).get("recommendation") or {}

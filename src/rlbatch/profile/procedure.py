@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from pathlib import Path
 
 import yaml
@@ -22,11 +23,13 @@ import yaml
 from rlbatch.core.config import Config
 from rlbatch.core.errors import UserError
 from rlbatch.core.runlog import atomic_write_json
+from rlbatch.profile import budget
 from rlbatch.profile.driver import (
     Driver,
     Journal,
     Progress,
     analyze_trials,
+    baseline_times,
     profile_cost,
     resume_advice,
     start_profile,
@@ -62,14 +65,17 @@ def early_stop_reason(st: dict, base_median_time: float, nstar_limit: float,
 def stop_limits(ev: dict, prof) -> tuple[float, float, tuple[str, str] | None]:
     """(time limit, samples limit, their words) of the screening's early stops.
 
-    `median`: the baseline's median T, and exp(margin) x its largest N*.
+    `median`: the baseline's median T, and exp(margin) x its largest N* (not within a
+    budget, which stops by futility: budget.py).
     `futility`: a one-sided test with error `futility_alpha` per run. If the candidate's
     true T were the baseline's / (1 + smallest_effect), one of its runs would have log T
     ~ N(mean log T_base - log(1 + effect), s^2 (1 + 1/n)) around the baseline's n-seed
     mean, s the run-to-run sd (the baseline's, at least `futility_sd`): it is stopped past
     the (1 - alpha) quantile of that. Likewise in samples at the edge of alignment, N*
     ratio exp(margin)."""
-    if prof.early_stop_rule == "median":
+    # within a budget the first look has one baseline seed: its time alone would stop every
+    # candidate that is not faster than that one draw, so the budget stops by futility
+    if prof.early_stop_rule == "median" and not budget.budgeted(prof):
         return ev["median_time"], ev["max_nstar"] * math.exp(prof.margin), None
     z = statistics.NormalDist().inv_cdf(1 - prof.futility_alpha)
     lt, ln = ev["log_times"], ev["log_nstars"]
@@ -216,11 +222,14 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     prof, runs, c = cfg.profile, out / "runs", session.concurrency
     alpha = look_alpha(journal, prof)
     seeds = list(range(cfg.seed, cfg.seed + prof.seeds))
-    extra = list(range(cfg.seed + prof.seeds, cfg.seed + prof.seeds + prof.confirm_seeds))
+    # within a budget every seed is a look's own (budget.py): no confirmation seeds
+    confirm = 0 if budget.budgeted(prof) else prof.confirm_seeds
+    extra = list(range(cfg.seed + prof.seeds, cfg.seed + prof.seeds + confirm))
+    guard = budget_guard(out, prof, decode)
     # the baseline's confirmation seeds run first: the early stops are then anchored on more
     # than one seed of it (its median T, its largest N*), at no extra cost
     base = plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",))
-    driver.run(base)
+    driver.run(base, guard.stop, guard.admit)
     ev = baseline_evidence(base, cfg, driver.failed)
     if ev["problem"]:
         return _finish(cfg, out, driver, decode, None, ev["problem"])
@@ -237,11 +246,17 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
         skipped = [t.name for t in cands if label(t) in closed and not t.run_dir().exists()]
         cands = [t for t in cands if t.name not in skipped]
         journal.log("closed_configs_skipped", configs=sorted(closed), trials=skipped)
+    first_forecast(cfg, journal, driver, ev, len(cands), len(extra))
     t_limit, n_limit, why = stop_limits(ev, prof)
     journal.log("stop_limits", rule=prof.early_stop_rule, time_s=t_limit, samples=n_limit)
-    stopper = ((lambda st: early_stop_reason(st, t_limit, n_limit, why))
-               if prof.early_stop else None)
-    driver.run(cands, stopper)
+    guard.limit = budget_limit(prof, base)
+
+    def stopper(st: dict) -> str | None:
+        spent = guard.stop(st)  # first: it keeps the budget's count of every running trial
+        early = early_stop_reason(st, t_limit, n_limit, why) if prof.early_stop else None
+        return early or spent
+
+    driver.run(cands, stopper, guard.admit)
     decided = [t for t in driver.all if t not in sparse]  # the sparse baseline is superseded
     result = analyze_trials(cfg, out, _reference(base, driver.failed), decided, alpha,
                             driver.failed)
@@ -253,7 +268,7 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
                                           eval_every=every)
                    if t.name.rsplit("-s", 1)[0] == winner.name.rsplit("-s", 1)[0]]
         journal.log("confirming", challenger=chosen, trials=[t.name for t in confirm])
-        driver.run(confirm, stopper)
+        driver.run(confirm, stopper, guard.admit)
         result = analyze_trials(cfg, out, _reference(base, driver.failed),
                                 [t for t in driver.all if t not in sparse], alpha,
                                 driver.failed)
@@ -274,6 +289,48 @@ def look_alpha(journal: Journal, prof) -> float:
     return DEFAULT_ALPHA / 2 ** (look + 1) if prof.alpha_spending else DEFAULT_ALPHA
 
 
+def first_forecast(cfg: Config, journal: Journal, driver: Driver, ev: dict, candidates: int,
+                   confirm: int) -> None:
+    """At the first look, once the baseline has run: the forecast (profile/forecast.py),
+    in the journal and, for someone watching (a live profile, not a replay), on stderr."""
+    from rlbatch.analysis.selection import DEFAULT_ALPHA
+    from rlbatch.profile import forecast
+
+    if any(e.get("event") == "profile_finished" for e in journal.events()):
+        return
+    prof = cfg.profile
+    fc = forecast.forecast(baseline_runs=ev["runs"], candidates=candidates,
+                           confirm=confirm if candidates else 0, log_times=ev["log_times"],
+                           prior_sd=prof.futility_sd, alpha=DEFAULT_ALPHA,
+                           max_slower=prof.budget_max_slower, budgeted=budget.budgeted(prof))
+    journal.log("forecast", **fc)
+    if driver.progress is not None:
+        for line in forecast.lines(fc):
+            print(line, file=sys.stderr, flush=True)
+
+
+def budget_limit(prof, base: list[Trial]) -> float | None:
+    """The budget in seconds once the baseline has run: its unit as the profile's cost
+    counts it, the median of the baseline's times to target."""
+    times = baseline_times([trial_status(t) for t in base])
+    return budget.limit_s(prof, statistics.median(times) if times else None)
+
+
+def budget_guard(out: Path, prof, decode: dict) -> budget.Guard:
+    """The budget's hold on this look's trials (budget.Guard; no limit without a budget).
+    It counts every run of the folder (earlier looks' included); its limit in baseline runs
+    is from the previous look's baseline time to target (none at the first look: the
+    baseline's first seeds always run, and set the unit)."""
+    from rlbatch.core.runlog import read_json
+
+    if not budget.budgeted(prof):
+        return budget.Guard(None)
+    base_time = (read_json(out / "profile.json").get("cost") or {}).get(
+        "baseline_time_to_target_s")
+    return budget.Guard(budget.limit_s(prof, base_time), out / "runs",
+                        decode.get("seconds") or 0.0)
+
+
 def label(trial: Trial) -> str:
     """A trial's configuration within the profile: its name without the seed (sqrt-P32)."""
     return trial.name.rsplit("-s", 1)[0]
@@ -291,7 +348,10 @@ def closed_configs(out: Path, mode: str = "open") -> set[str]:
     rec = (prev.get("analysis") or {}).get("recommendation")
     if not rec:
         return set()
-    if mode == "challenger":
+    within_budget = (prev.get("decision") or {}).get("budget") or {}
+    if within_budget.get("challenger"):  # a budget's look: the baseline and its challenger
+        keep = {within_budget["challenger"]}
+    elif mode == "challenger":
         keep = {challenger(prev["analysis"])} - {None}
     else:
         keep = {o["config"] for o in rec.get("open") or []}
@@ -357,10 +417,23 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
                         "passed_to_command", True) else None, **rec}
     if decision is not None and cfg.profile.follow_up == "challenger":
         decision.update(challenger_follow_up(result))
+    if decision is not None and budget.budgeted(cfg.profile):
+        b = budget.block(result, cfg.profile, spent=cost["total_s"],
+                         base_time=cost["baseline_time_to_target_s"])
+        decision.pop("follow_up", None)
+        decision["budget"] = b
+        decision["next_set"] = b["next_set"]
+        if b["next_set"]:
+            decision["follow_up"] = {"configs": [b["challenger"]],
+                                     "seeds": b["next_set"]["profile.seeds"]}
     if decision is not None:
         decision["trial_warnings"] = warned
+    forecast = next((e for e in reversed(driver.journal.events())
+                     if e.get("event") == "forecast"), None)
     doc = {"config": cfg.name, "target": target_of(cfg).as_dict(),
            "problem": problem, "decision": decision, "decode": decode, "trials": trials,
+           "forecast": None if forecast is None else {k: v for k, v in forecast.items()
+                                                      if k not in ("time", "event")},
            "failed_trials": driver.failed, "trial_warnings": warned, "cost": cost,
            "analysis": result}
     atomic_write_json(out / "profile.json", doc)

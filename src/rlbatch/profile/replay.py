@@ -42,7 +42,7 @@ from rlbatch.core.runlog import (
     yaml_data,
     yaml_text,
 )
-from rlbatch.profile import DEFAULT_FOLLOW
+from rlbatch.profile import DEFAULT_FOLLOW, budget
 from rlbatch.profile.bank import Bank, BankRun, describe, learning_key, load_bank
 from rlbatch.profile.executors import Finished
 from rlbatch.profile.replay_truth import (
@@ -249,6 +249,14 @@ class BankExhausted(UserError):
 
 def _decision(doc: dict, strategy: str, base_key: tuple) -> tuple[tuple, bool, list | None]:
     d = doc.get("decision")
+    b = (d or {}).get("budget")
+    if b:  # within a budget, the budget's pick (profile/budget.py)
+        if b["is_reference"]:
+            return base_key, False, None
+        entry = next(e for e in doc["analysis"]["configs"] if e["config"] == b["pick"])
+        run_dir = Path(entry["runs"][0]["run"])
+        return learning_key(yaml_data((run_dir / "config.yaml").read_text())), True, \
+            d.get("time_ratio_ci") if d.get("config") == b["pick"] else None
     if not d or d.get("is_reference", True):
         return base_key, False, None
     key = learning_key(_run_config(doc, d))
@@ -278,7 +286,8 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
     data["profile"]["strategy"] = strategy
     current = validate_config(data)
     run = run_probe_profile if strategy == "probe" else run_profile
-    follows, cut, doc, unserved = 0, None, None, 0
+    follows, cut, doc, unserved, first = 0, None, None, 0, None
+    follow = budget.follows(current.profile, follow)
     while True:
         ex = ReplayExecutor(bank, seed_map)
         try:
@@ -297,6 +306,9 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
             break
         finally:
             unserved += ex.unserved
+        if first is None:  # the forecast, and what the look it forecast cost
+            first = ((doc.get("forecast") or {}).get("look_runs"),
+                     (doc.get("cost") or {}).get("multiple_of_baseline_time_to_target"))
         sets = next_sets(doc, strategy)
         if sets is None or follows >= follow:
             break
@@ -306,9 +318,14 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
     rec = (doc.get("analysis") or {}).get("recommendation") or {}
     point = 1 / rec["speedup_vs_reference"] if recommends and strategy != "probe" and \
         rec.get("speedup_vs_reference") else None
+    b = (doc.get("decision") or {}).get("budget") or {}
+    if b and not b["is_reference"]:
+        point = b["probabilities"]["configs"][[r["config"] for r in b["probabilities"][
+            "configs"]].index(b["pick"])]["time_ratio"]
     return Outcome(pick, recommends, ci, spent(work / "runs"), follows, unserved, cut,
                    doc.get("problem"), (doc.get("decision") or {}).get("evidence")
-                   or rec.get("evidence"), point)
+                   or rec.get("evidence"), point, b.get("p_within_5pct"),
+                   b.get("p_slower_than_baseline"), *(first or (None, None)))
 
 
 def spent(runs: Path) -> float:
@@ -371,12 +388,9 @@ def replay(cfg: Config, bank_dir: str | Path, strategies: list[str], replicates:
                 + f", cost {o.cost_s / truth['baseline_time_to_target_s']:.2f}x, "
                   f"followed next {o.follows}x" + (f" (cut: {o.cut})" if o.cut else ""))
         rows.append(score(outcomes, truth, s))
-    rows += reference_rows(truth, bank, keys, replicates, random.Random(seed + 1))
-    floor = truth["floor"]
-    for r in rows:
-        r["floor_cost"] = None if floor is None else floor["cost"]
-        r["cost_over_floor"] = (r["median_cost"] / floor["cost"]
-                                if floor and floor["cost"] > 0 else None)
+    rows += reference_rows(truth, bank, keys, replicates, random.Random(seed + 1),
+                           cfg.profile.budget)
+    over_floor(rows, truth["floor"])
     t = truth
     return {"config": cfg.name, "bank": str(bank_dir), "seeds_in_bank": len(common),
             "strategies": rows,
@@ -390,6 +404,14 @@ def replay(cfg: Config, bank_dir: str | Path, strategies: list[str], replicates:
                       "baseline_time_to_target_s": t["baseline_time_to_target_s"],
                       "floor": t["floor"],
                       "pairing": pairing(bank, keys)}}
+
+
+def over_floor(rows: list[dict], floor: dict | None) -> None:
+    """Each row's `floor_cost` and median cost over it (None without a floor)."""
+    for r in rows:
+        r["floor_cost"] = None if floor is None else floor["cost"]
+        r["cost_over_floor"] = (r["median_cost"] / floor["cost"]
+                                if floor and floor["cost"] > 0 else None)
 
 
 def _scratch() -> str | None:

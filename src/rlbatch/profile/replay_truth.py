@@ -6,6 +6,7 @@ reference rows (always keep the baseline; one seed of each configuration, lowest
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -195,6 +196,10 @@ class Outcome:
     problem: str | None = None
     evidence: str | None = None
     point: float | None = None  # the pick's printed T ratio
+    p_within: float | None = None  # within a budget: the pick's printed P(within 5%)
+    p_slower: float | None = None  # ... and P(slower than the baseline)
+    forecast: float | None = None  # the first look's forecast of its cost (baseline runs)
+    first_look: float | None = None  # what the first look cost, in the same unit
 
 
 def score(outcomes: list[Outcome], truth: dict, strategy: str) -> dict:
@@ -228,7 +233,51 @@ def score(outcomes: list[Outcome], truth: dict, strategy: str) -> dict:
             "cut_by_bank": sum(o.cut is not None for o in outcomes),
             "unserved_evaluations": sum(o.unserved for o in outcomes),
             "no_decision": sum(o.problem is not None for o in outcomes),
-            "pick_log_bias": pick_log_bias(recs, ratio)}
+            "pick_log_bias": pick_log_bias(recs, ratio),
+            **calibration(outcomes, true_ratio, truth["fastest_time_ratio"]),
+            **forecast_score(outcomes)}
+
+
+def forecast_score(outcomes: list[Outcome]) -> dict:
+    """The first look's forecast against what it cost (each in the replicate's own baseline
+    runs): medians of both and of their ratio. {} where no replicate forecast a cost."""
+    pairs = [(o.forecast, o.first_look) for o in outcomes if o.forecast and o.first_look]
+    if not pairs:
+        return {}
+    return {"forecast": {"replicates": len(pairs),
+                         "median_forecast_runs": statistics.median(f for f, _ in pairs),
+                         "median_first_look_runs": statistics.median(c for _, c in pairs),
+                         "median_ratio": statistics.median(f / c for f, c in pairs)}}
+
+
+BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def calibration(outcomes: list[Outcome], true_ratio, fastest: float) -> dict:
+    """Within a budget: the printed probabilities against how often they came true, in
+    bins of the printed value (each: replicates, mean printed probability, frequency). P(within
+    5% of the fastest) over every pick, against the bank's fastest configuration (a departed
+    one included, as the budget's pool does: profile/budget.py); P(slower than the baseline)
+    over the picks that are not the baseline. {} when no replicate printed a probability."""
+    within = [(o.p_within, true_ratio(o.pick) <= WITHIN * fastest) for o in outcomes
+              if o.p_within is not None]
+    slower = [(o.p_slower, true_ratio(o.pick) > 1.0) for o in outcomes
+              if o.p_slower is not None and o.recommends]
+    if not within:
+        return {}
+    return {"calibration": {"p_within_5pct": _bins(within),
+                            "p_slower_than_baseline": _bins(slower)}}
+
+
+def _bins(pairs: list[tuple[float, bool]]) -> list[dict]:
+    out = []
+    for lo, hi in itertools.pairwise(BINS):
+        got = [(p, hit) for p, hit in pairs if lo <= p < hi or (hi == 1.0 and p == 1.0)]
+        if got:
+            out.append({"bin": [lo, hi], "replicates": len(got),
+                        "mean_printed": statistics.fmean(p for p, _ in got),
+                        "frequency": sum(hit for _, hit in got) / len(got)})
+    return out
 
 
 def pick_log_bias(recs: list[Outcome], ratio: dict) -> float | None:
@@ -241,31 +290,50 @@ def pick_log_bias(recs: list[Outcome], ratio: dict) -> float | None:
 
 
 def reference_rows(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
-                   rng: random.Random) -> list[dict]:
+                   rng: random.Random, budget: float | None = None) -> list[dict]:
     """"always keep the baseline", and one seed per configuration with the lowest T picked
-    (each run to its target; a run that never crosses counts its whole training time)."""
-    ratio = {r["key"]: r["time_ratio"] for r in truth["configs"]}
-    best, unit = truth["best_time_ratio"], truth["baseline_time_to_target_s"]
+    (each run to its target; a run that never crosses counts its whole training time).
+    With `budget` (baseline runs), a third row: the same grid within that budget: runs in
+    the profile's order (the baseline first: its time is the unit) while the budget pays for
+    each whole; a run it cannot pay for is cut and not compared."""
+    best = truth["best_time_ratio"]
     keep = {"strategy": "keep_baseline", "replicates": replicates, "recommends": 0.0,
             "picks_within_5pct": float(1.0 <= WITHIN * best), "mean_regret": 1.0 / best - 1,
             "slower_than_baseline": 0.0, "picks_departed": 0.0, "median_cost": 0.0,
             "mean_cost": 0.0,
             "pick_interval_coverage": None}
+    rows = [keep, grid_within(truth, bank, keys, replicates, rng)]
+    if budget is not None:
+        rows.append(grid_within(truth, bank, keys, replicates, rng, budget))
+    return rows
+
+
+def grid_within(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
+                rng: random.Random, budget: float | None = None) -> dict:
+    """The one-seed grid (reference_rows), within `budget` baseline runs when given."""
+    ratio = {r["key"]: r["time_ratio"] for r in truth["configs"]}
+    best, unit = truth["best_time_ratio"], truth["baseline_time_to_target_s"]
     seeds = bank.common_seeds(keys)
     picks, costs = [], []
     for _ in range(replicates):
         s = rng.choice(seeds)
-        times = {}
-        cost = 0.0
+        times, cost, limit = {}, 0.0, None
         for k in keys:
             run = bank.runs[k][s]
             t = _run_time(run)
+            whole = run.steps[-1]["train_s"] if t is None else t
+            if limit is None:  # the baseline's run sets the unit
+                limit = math.inf if budget is None else budget * whole
+            if cost + whole > limit:
+                cost = limit
+                break
+            cost += whole
             times[k] = math.inf if t is None else t
-            cost += run.steps[-1]["train_s"] if t is None else t
-        picks.append(min(keys, key=lambda k: (times[k], keys.index(k))))
+        picks.append(min(times, key=lambda k: (times[k], keys.index(k))))
         costs.append(cost / unit)
     tr = [math.inf if ratio.get(k) is None else ratio[k] for k in picks]
-    grid = {"strategy": "one_seed_grid", "replicates": replicates,
+    name = "one_seed_grid" if budget is None else f"one_seed_grid_budget_{budget:g}"
+    return {"strategy": name, "replicates": replicates,
             "recommends": sum(k != keys[0] for k in picks) / replicates,
             "picks_within_5pct": sum(r <= WITHIN * best for r in tr) / replicates,
             "mean_regret": statistics.fmean(r / best - 1 for r in tr),
@@ -274,4 +342,3 @@ def reference_rows(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
             "picks_departed": sum(k in truth["departed"] for k in picks) / replicates,
             "median_cost": statistics.median(costs), "mean_cost": statistics.fmean(costs),
             "pick_interval_coverage": None}
-    return [keep, grid]

@@ -1,12 +1,8 @@
-"""The configuration's sections: one strict, frozen pydantic model per YAML section (`task:`,
-`batch:`, `optimizer:`, `critic:`, ...) with its types, ranges and defaults, and the
-learning-rate rule they resolve (`scaled_lr`, `scaled_adam`). The top-level `Config`, its
-cross-section checks and its derived values are `core/config.py`; this module is its lower
-half, split along that seam.
-
-The learning-rate rule is `eta(B) = eta0 * (B/B0)^p` with p = 1/2 (sqrt, Malladi et al. 2022),
-1 (linear) or 0 (none). With `scale_adam: true` the betas and eps follow Malladi et al.'s
-square-root SDE rule as well: `beta -> 1 - k(1 - beta)`, `eps -> eps / sqrt(k)`, k = B/B0.
+"""The config schema: one strict, frozen pydantic model per YAML section (`task:`, `batch:`,
+`optimizer:`, `critic:`, ...) with its types, ranges and defaults. The `profile:` section is
+`core/profile_schema.py`; the learning-rate rule the sections resolve is `core/lr_rule.py`.
+The top-level `Config`, its cross-section checks and its derived values are
+`core/config.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +14,8 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-LR_EXPONENTS = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}
+from rlbatch.core.lr_rule import scaled_lr
+
 # Metrics whose range is known; a target outside it can never be reached.
 DEFAULT_DIGITS = {"addition": 3, "reverse": 6, "runsum": 1}
 BOUNDED_METRICS = {"eval/accuracy": (0.0, 1.0), "reward/mean": (0.0, 1.0)}
@@ -386,110 +383,3 @@ class CommandConfig(StrictModel):
         if not argv[0].strip():
             raise ValueError("command.argv[0] must name a program")
         return argv
-
-
-class ProfileConfig(StrictModel):
-    """`rlbatch profile`: the candidates and the procedure's settings (docs/design.md)."""
-
-    prompts_per_step: list[int] = Field(
-        [8, 32, 64], max_length=MAX_LIST, description="candidate P values (B = P x G); the "
-        "baseline P0 = B0 / G is always run")
-    seeds: int = Field(1, gt=0, le=1000, description="seeds per configuration")
-    confirm_seeds: int = Field(1, ge=0, le=1000, description="extra seeds for the baseline and the "
-                               "challenger (the most promising candidate), so that the "
-                               "decision compares configurations with >= 2 seeds")
-    fixed_lr_control: bool = Field(True, description="also run 2 x B0 with the unscaled LR")
-    concurrency: list[int] = Field([16, 64, 256], max_length=MAX_LIST,
-                                   description="decode sweep; [] = keep C")
-    early_stop: bool = Field(True, description="stop candidates that missed the crossing or cannot win")
-    early_stop_rule: Literal["median", "futility"] = Field(
-        "median", description="median: stop a candidate past the baseline's median T "
-        "(cannot_win) or past exp(margin) x its largest N* (no_crossing); futility: only once "
-        "a configuration faster than the baseline by profile.smallest_effect (cannot_win), or "
-        "needing exp(margin) x its N* (no_crossing), would have crossed by then in all but "
-        "profile.futility_alpha of its runs (docs/analysis.md, 'The profile's early stopping')")
-    follow_up: Literal["all", "open", "challenger"] = Field(
-        "challenger", description="a re-run with more seeds (the decision's `next`): all gives "
-        "every configuration the new seeds; open only the baseline and the configurations "
-        "the previous decision left open (neither ruled out nor shown faster); challenger "
-        "only the baseline and the open one with the lowest point T, with the seeds its own "
-        "plan asks for")
-    alpha_spending: bool = Field(
-        False, description="each re-run that follows the decision's `next` is another look: "
-        "look k decides at alpha / 2^(k+1), so that all looks together keep alpha; off: "
-        "every look at alpha")
-    smallest_effect: float = Field(0.1, gt=0, le=10, description="futility: the smallest "
-                                   "speed-up worth finding (0.1: T ratio 1/1.1)")
-    futility_alpha: float = Field(0.05, gt=0, lt=0.5, description="futility: the chance of "
-                                  "stopping a run of a configuration at that effect")
-    futility_sd: float = Field(0.35, gt=0, le=5, description="futility: the run-to-run sd "
-                               "of log T and log N* assumed when the baseline's seeds show "
-                               "less (two seeds cannot estimate it)")
-    min_evaluations: int = Field(10, ge=1, description="evaluations the baseline's N* must "
-                                 "be resolved by (else the profile refuses and names the "
-                                 "interval to set)")
-    margin: float = Field(math.log(1.15), gt=0,
-                          description="equivalence margin on log N* ratio (log 1.15)")
-    statistic: Literal["crossing", "stretch"] = Field(
-        "crossing", description="a run's N* in the decision: its first crossing of the "
-        "target, or a stretch fitted to its rising curve near it (rlbatch analyze "
-        "--statistic; docs/analysis.md, 'Which statistic')")
-    spread: Literal["pooled", "pair", "larger", "paired"] = Field(
-        "pair", description="the run-to-run spread a comparison with the baseline rests on: "
-        "the pair's own, pooled over every configuration, the larger of the two, or paired "
-        "by seed where 3 or more seeds of both crossed (rlbatch analyze --spread; "
-        "docs/analysis.md, 'Per-configuration spread')")
-    workers: int = Field(1, gt=0, le=1024, description="trials run at once; each gets its "
-                         "share of the CPUs (RLBATCH_THREADS)")
-    strategy: Literal["full", "probe"] = Field(
-        "full", description="full: every candidate towards the target (early stops); probe: "
-        "short probes, predicted time to target, only the predicted winner run to the target")
-    probe_fraction: float = Field(0.15, gt=0, le=1, description="probe: first probe length, "
-                                  "as a fraction of the baseline's N*")
-    probe_max_fraction: float = Field(0.6, gt=0, le=1, description="probe: longest probe "
-                                      "(probes double while undecided), fraction of N*")
-    probe_budget: float | None = Field(
-        2.0, ge=1, le=1000, description="probe: the most the profile may spend, in training "
-        "seconds (decode sweep included) as a multiple of the baseline's time to target; "
-        "probe extensions and the confirmation stay within it (a confirmation it stops ends "
-        "with outcome over_budget, and the baseline is kept); the first probes always run; "
-        "null: no limit")
-    probe_control: bool = Field(False, description="probe: also probe the fixed-LR control "
-                                "(reported only: the probe decision never uses it)")
-    schedules: list[BatchSchedule] = Field(
-        [], max_length=8, description="batch schedules to compare as candidates beside the "
-        "static B (full strategy): each starts at the baseline's B (steps: at its first B) "
-        "and runs the LR rule at every B")
-
-    @model_validator(mode="after")
-    def _positive(self) -> ProfileConfig:
-        if any(p <= 0 for p in self.prompts_per_step) or any(c <= 0 for c in self.concurrency):
-            raise ValueError("profile.prompts_per_step and profile.concurrency must be positive")
-        if any(p > MAX_PROMPTS for p in self.prompts_per_step) \
-                or any(c > MAX_COUNT for c in self.concurrency):
-            raise ValueError(f"profile.prompts_per_step must be <= {MAX_PROMPTS} and "
-                             f"profile.concurrency <= {MAX_COUNT}")
-        if self.schedules and self.strategy == "probe":
-            raise ValueError("profile.schedules are compared by the full strategy only: set "
-                             "profile.strategy: full")
-        if len(set(self.concurrency)) != len(self.concurrency):
-            raise ValueError("profile.concurrency must name each C once (the decode sweep "
-                             "measures each once)")
-        return self
-
-
-def scaled_lr(reference_lr: float, reference_sequences: int, sequences: int, rule: str) -> float:
-    """eta(B) = eta0 * (B / B0)^p, p from LR_EXPONENTS (docs/design.md; Malladi et al. 2022)."""
-    if rule not in LR_EXPONENTS:
-        raise ValueError(f"unknown lr_scaling {rule!r}; use one of {sorted(LR_EXPONENTS)}")
-    return reference_lr * (sequences / reference_sequences) ** LR_EXPONENTS[rule]
-
-
-def scaled_adam(beta1: float, beta2: float, eps: float, k: float) -> dict:
-    """Malladi et al. 2022 square-root scaling: beta -> 1 - k(1 - beta), eps -> eps/sqrt(k).
-
-    Betas are floored at 0 (a k large enough to make them negative is out of the rule's range).
-    """
-    b1 = max(0.0, 1.0 - k * (1.0 - beta1))
-    b2 = max(0.0, 1.0 - k * (1.0 - beta2))
-    return {"betas": (b1, b2), "eps": eps / math.sqrt(k)}
