@@ -22,15 +22,16 @@ $(STAMP): pyproject.toml Makefile
 		pyvers==0.2.3 codetiming==1.4.0 orjson==3.13.0 pylatexenc==2.11
 	touch $(STAMP)
 
-# The main job on the built-in default: the profile procedure on the tiny model (~4 min on 2
-# cores after set-up, model build included; a decision from >= 2 seeds per compared config).
+# The main job on the built-in default: the profile procedure on the tiny model (7.5 min on
+# this project's 2-core machine with the model cached; a decision from >= 2 seeds per
+# compared config; README, "What the demo prints").
 demo: setup
 	$(BIN)/rlbatch model build
 	$(BIN)/rlbatch profile --preset quick --out profiles/quick
 
 # The demo's second half: a workload where a larger batch saves time (the quick workload
 # behind 0.25 s of rollout latency per step, B0 = 64). --follow runs the seeds the decision
-# asks for and decides again (about 9 minutes on 2 cores; docs/study.md, section 11).
+# asks for and decides again (10-20 minutes on 2 cores; docs/study.md, section 11).
 demo-saving: setup
 	$(BIN)/rlbatch model build
 	$(BIN)/rlbatch profile --preset quick-saving --follow 3 --out profiles/quick-saving

@@ -1,10 +1,11 @@
-"""The README's tour, every command as written and in order, on a fresh model cache.
+"""The guide's tour (docs/guide.md, "A tour of the commands"), every command as written and
+in order, on a fresh model cache.
 
-The commands are read from the README's first code block after "## A tour", so the test
-follows the README as it changes. Each runs in bash in an empty folder (with the repository's
+The commands are read from the guide's first code block after "A tour of the commands", so
+the test follows the guide as it changes. Each runs in bash in an empty folder (with the repository's
 `tests` folder linked in, for the shipped verl log) and the virtual environment's commands on
 PATH; a command whose comment says "exits 2" must exit 2, every other one 0. Prints each
-command's wall time (what the README quotes) and, with RLBATCH_TOUR_TIMES=FILE, writes them
+command's wall time and, with RLBATCH_TOUR_TIMES=FILE, writes them
 there as JSON. What each command prints is not checked here: the commands' own tests do that.
 """
 
@@ -26,17 +27,20 @@ pytestmark = pytest.mark.landing_free
 REPO = Path(__file__).resolve().parents[1]
 
 
-def tour_commands(readme: str) -> list[str]:
+TOUR = REPO / "docs" / "guide.md"
+
+
+def tour_commands(guide: str) -> list[str]:
     """The shell lines of the tour's code block (comments and blank lines dropped, the
     `source` line too: the environment is put on PATH instead)."""
-    section = readme.split("## A tour", 1)[1]
+    section = guide.split("A tour of the commands", 1)[1]
     block = re.search(r"```\n(.*?)```", section, re.DOTALL).group(1)
     lines = [ln.strip() for ln in block.splitlines()]
     return [ln for ln in lines if ln and not ln.startswith("#") and not ln.startswith("source ")]
 
 
-def test_tour_commands_are_read_from_the_readme():
-    cmds = tour_commands((REPO / "README.md").read_text())
+def test_tour_commands_are_read_from_the_guide():
+    cmds = tour_commands(TOUR.read_text())
     assert cmds[0].startswith("rlbatch lr-scale")
     assert any(c.startswith("rlbatch profile --preset quick") for c in cmds)
     assert all(c.startswith(("rlbatch ", "printf ")) for c in cmds), cmds
@@ -45,7 +49,7 @@ def test_tour_commands_are_read_from_the_readme():
 @pytest.mark.slow
 @pytest.mark.trained
 def test_readme_tour_runs_as_written(tmp_path):
-    cmds = tour_commands((REPO / "README.md").read_text())
+    cmds = tour_commands(TOUR.read_text())
     (tmp_path / "tests").symlink_to(REPO / "tests")
     env = dict(os.environ, RLBATCH_CACHE=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
