@@ -339,3 +339,17 @@ def test_paired_spread_is_named_in_the_decision(sweep, capsys):
                            capsys)
     text = " ".join(out.split())
     assert "paired comparisons where 3 or more seeds of both crossed, unpaired otherwise" in text
+
+
+def test_a_verdict_on_a_curve_reads_as_the_curves_not_as_speed():
+    """A candidate can be shown faster (evidence `established`) while its alignment is
+    inconclusive: its line says "curve inconclusive", so the two do not read as one
+    contradicting the other."""
+    from rlbatch.cli.decision_text import verdict_words
+
+    assert verdict_words("inconclusive") == "curve inconclusive"
+    assert verdict_words("aligned") == "curve aligned"
+    assert verdict_words("departed") == "curve departed"
+    assert verdict_words("fewer_samples") == "curve fewer samples"
+    assert verdict_words("slower") == "not shown faster"
+    assert verdict_words("reference") == "reference"

@@ -94,6 +94,17 @@ def _pick_interval(rec: dict, ci: str) -> str:
 # more of the configuration's runs trained past the reference's time to target without
 # reaching the target: selection.config_verdict), so it says what was shown
 SHOWN = {"slower": "not shown faster"}
+# the verdicts on a learning curve (alignment on the samples axis), which say nothing of
+# speed: a candidate can be shown faster while its alignment is inconclusive, so they read
+# as the curve's
+CURVE = ("aligned", "inconclusive", "departed", "fewer_samples")
+
+
+def verdict_words(verdict: str) -> str:
+    """How a configuration's verdict reads on its decision line."""
+    if verdict in CURVE:
+        return f"curve {verdict.replace('_', ' ')}"
+    return SHOWN.get(verdict, verdict)
 
 
 def _short(entry: dict) -> str:
@@ -110,7 +121,7 @@ def _compared_lines(rec: dict, entries: dict, labels: dict) -> list[str]:
     for c in rec["compared"]:
         ce = entries[c["config"]]
         head = (f"  {labels[c['config']]} ({c['seeds']} seeds{_short(ce)}, "
-                f"{SHOWN.get(c['verdict'], c['verdict'])})")
+                f"{verdict_words(c['verdict'])})")
         sep = ":"
         if c["config"] in rejected:
             head, sep = f"{head} {rejected[c['config']]};", ""
