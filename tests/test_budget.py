@@ -333,3 +333,16 @@ def test_the_decision_prints_the_budgets_pick_with_the_chance_it_is_slower_only(
         assert f"P(slower than the baseline) {b['p_slower_than_baseline']:.2f}" in line
     assert "ranked, likeliest fastest first: " in out and "next: " in out
     assert "P(within" not in out
+
+
+def test_rlbatch_replay_budget_prints_the_grid_within_it_and_the_calibration(budget_bank,
+                                                                              capsys):
+    _, _, tmp = budget_bank
+    path = config_file(tmp, "profile.prompts_per_step=[32,64]", name="cli.yaml")
+    code, out, err = run_cli(["replay", path, tmp / "bank", "--budget", "3", "--replicates",
+                              "2"], capsys)
+    assert code == 0, err
+    assert "one_seed_grid_budget_3" in out
+    assert "full p within 5pct, printed against replayed: " in out
+    code, _, err = run_cli(["replay", path, tmp / "bank", "--budget", "3x"], capsys)
+    assert code == 2 and "--budget" in err
