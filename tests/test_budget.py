@@ -294,7 +294,9 @@ def test_the_forecast_uses_the_baselines_spread_from_three_seeds_and_assumes_it_
     for a, b in zip(three["budgets"], two["budgets"]):
         assert a["finds_ratio"] > b["finds_ratio"]
     assert [b["budget"] for b in two["budgets"]] == [2, 4, 8]
-    assert forecast.forecast(log_times=[0.0, 0.5], **{**kw, "budgeted": True})["look_runs"] is None
+    within = forecast.forecast(log_times=[0.0, 0.5], **{**kw, "budgeted": True})
+    assert within["look_runs"] is None
+    assert forecast.lines(within)[0].startswith("forecast: at the run-to-run sd")
     text = "\n".join(forecast.lines(two))
     assert "forecast: this look costs about" in text and "--budget 2:" in text
 

@@ -75,7 +75,8 @@ def lines(f: dict) -> list[str]:
                                              f"{x['seeds_per_side']} seeds per side, about "
                                              f"{x['runs']:.0f} runs")
                     for x in f["establish"])
-    out.append(f"  at the {sd}, establishing a saving takes {est}")
+    lead = "  at" if out else "forecast: at"  # within a budget there is no look to forecast
+    out.append(f"{lead} the {sd}, establishing a saving takes {est}")
     out.append("  --budget " + "; ".join(
         f"{b['budget']}: {b['seeds_per_side']} seed(s) per side of the likeliest best, "
         f"finds a T ratio of {b['finds_ratio']:.2f} or less 80% of the time"
