@@ -240,10 +240,9 @@ def pick(result: dict, probs: dict, max_slower: float) -> tuple[dict, str]:
     if top is base:
         return base, "the baseline is the configuration most likely within 5% of the fastest"
     if top["p_slower_than_baseline"] > max_slower:
-        return base, (f"the likeliest best, B={top['sequences_per_step']} (P(within 5%) "
-                      f"{top['p_within_5pct']:.2f}), is slower than the baseline with "
-                      f"probability {top['p_slower_than_baseline']:.2f}, above "
-                      f"profile.budget_max_slower {max_slower:g}")
+        return base, (f"the likeliest fastest, B={top['sequences_per_step']}, is slower than "
+                      f"the baseline with probability {top['p_slower_than_baseline']:.2f}, "
+                      f"above profile.budget_max_slower {max_slower:g}")
     return top, "the configuration most likely within 5% of the fastest"
 
 
@@ -320,8 +319,10 @@ def lines(b: dict) -> list[str]:
     ranked = sorted(enumerate(p["configs"]), key=lambda x: -x[1]["p_within_5pct"])
     out.append("  ranked, likeliest fastest first: " + "; ".join(
         _row(r, i == 0) for i, r in ranked)
-        + f" (run-to-run sd of log T {p['sd_log_time']:.2f}, {p['sd_df']} degrees of freedom "
-          f"with the prior's {PRIOR_DF})")
+        + f" (run-to-run sd of log T {p['sd_log_time']:.2f}: "
+        + (f"{p['sd_df'] - PRIOR_DF} degrees of freedom from the runs, {PRIOR_DF} from the "
+           "prior)" if p["sd_df"] > PRIOR_DF else "the prior's, no configuration has two "
+           "crossings yet)"))
     out.append(f"  next: {b['next']}")
     return out
 
@@ -330,5 +331,5 @@ def _row(r: dict, is_base: bool) -> str:
     name = "baseline" if is_base else f"B={r['sequences_per_step']} lr {r['lr']:.3g}"
     ratio = "none crossed" if r["time_ratio"] is None else f"T ratio {r['time_ratio']:.2f}"
     slower = r["p_slower_than_baseline"]
-    return (f"{name} ({r['runs']} runs, {ratio}"
+    return (f"{name} ({r['runs']} run{'s' if r['runs'] != 1 else ''}, {ratio}"
             + ("" if slower is None else f", P(slower) {slower:.2f}") + ")")
