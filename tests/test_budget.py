@@ -348,3 +348,17 @@ def test_rlbatch_replay_budget_prints_the_grid_within_it_and_the_calibration(bud
     assert "full p within 5pct, printed against replayed: " in out
     code, _, err = run_cli(["replay", path, tmp / "bank", "--budget", "3x"], capsys)
     assert code == 2 and "--budget" in err
+
+
+def test_a_budget_in_seconds_below_one_baseline_run_says_so(budget_bank):
+    """`--budget 5s` against a baseline that needs about 16 training seconds: the budget
+    stops the baseline's only run before the target, and the profile's problem says to
+    give a budget of at least one baseline run (not to raise budget.max_samples)."""
+    cfg, bank, tmp = budget_bank
+    cfg = with_sets(cfg, {"profile.budget_seconds": 5.0})
+    doc = run_profile(cfg, tmp / "p", ReplayExecutor(bank, {s: s for s in range(10)}),
+                      poll_s=0.0)
+    assert doc["decision"] is None
+    assert "stopped by the profile's budget" in doc["problem"]
+    assert "--budget at least one baseline run" in doc["problem"]
+    assert "budget.max_samples" not in doc["problem"]

@@ -141,7 +141,8 @@ def baseline_evidence(base: list[Trial], cfg: Config, failed: dict | None = None
 def _short_advice(base: list[Trial], res: list[dict]) -> str:
     """What would let the baseline reach the target: a larger budget, unless a run that did
     not cross ended by its command's own step or epoch limit (stop_reason `ended_short`,
-    backends/command/health.py), or diverged, which a larger budget does not move either."""
+    backends/command/health.py), or diverged, which a larger budget does not move either;
+    or a larger profile budget (--budget) where that stopped it."""
     censored = [(t, trial_status(t)) for t, r in zip(base, res, strict=True) if r["censored"]]
     diverged = [(t, st) for t, st in censored if st["status"] == "diverged"]
     if diverged:
@@ -149,6 +150,10 @@ def _short_advice(base: list[Trial], res: list[dict]) -> str:
         return (f"{t.name} diverged at {st['samples']:,} samples (a loss or gradient that is "
                 "not finite): a larger budget does not change that; lower "
                 "optimizer.reference_lr, or look at the run's warnings")
+    spent = [t for t, st in censored if st["stop_code"] == "profile_budget"]
+    if spent:
+        return (f"{spent[0].name} was stopped by the profile's budget before the target: give "
+                "--budget at least one baseline run's training time")
     short = [(t, st) for t, st in censored
              if str(st["stop_reason"] or "").startswith("ended_short")]
     if not short:
