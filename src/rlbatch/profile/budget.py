@@ -171,7 +171,7 @@ def probabilities(result: dict, prior_sd: float, seed: int = 0) -> dict:
     entries = pool(result)
     sd, df = spread(entries, prior_sd)
     seen = [_observed(e) for e in entries]
-    crossed_c = [(i, statistics.fmean(c), len(c)) for i, (c, _) in enumerate(seen) if c and i]
+    crossed_c = [(statistics.fmean(c), len(c)) for c, _ in seen[1:] if c]
     rng = random.Random(seed)
     norm = statistics.NormalDist()
     k = len(entries)
@@ -203,16 +203,17 @@ def probabilities(result: dict, prior_sd: float, seed: int = 0) -> dict:
 
 
 def _draw_means(seen: list, crossed_c: list, s: float, rng: random.Random) -> list[float]:
-    """One draw of every configuration's mean log T at spread s (`probabilities`): the
+    """One draw of every configuration's mean log T at spread s (`probabilities`;
+    `crossed_c`: (mean log T, runs that crossed) of each candidate with a crossing): the
     baseline's around its runs' mean, the candidates' common mean m from those that
     crossed, each candidate's mean shrunk towards m (or drawn around m if none crossed)."""
     tau2 = PRIOR_TAU ** 2
     base = seen[0][0]
     k = len(seen)
     mu = [statistics.fmean(base) + rng.gauss(0.0, s / math.sqrt(len(base)))] + [0.0] * (k - 1)
-    weights = [1 / (tau2 + s * s / n) for _, _, n in crossed_c]
+    weights = [1 / (tau2 + s * s / n) for _, n in crossed_c]
     if weights:  # the candidates' common mean, from those that crossed
-        m = sum(w * y for w, (_, y, _) in zip(weights, crossed_c, strict=True)) / \
+        m = sum(w * y for w, (y, _) in zip(weights, crossed_c, strict=True)) / \
             sum(weights) + rng.gauss(0.0, 1 / math.sqrt(sum(weights)))
     else:  # none crossed: around the baseline's, as wide as the prior
         m = mu[0] + rng.gauss(0.0, PRIOR_TAU)

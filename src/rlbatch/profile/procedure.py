@@ -317,6 +317,8 @@ def first_forecast(cfg: Config, journal: Journal, driver: Driver, ev: dict, cand
 def budget_limit(prof, base: list[Trial]) -> float | None:
     """The budget in seconds once the baseline has run: its unit as the profile's cost
     counts it, the median of the baseline's times to target."""
+    if not budget.budgeted(prof):
+        return None
     times = baseline_times([trial_status(t) for t in base])
     return budget.limit_s(prof, statistics.median(times) if times else None)
 

@@ -253,9 +253,7 @@ def _decision(doc: dict, strategy: str, base_key: tuple) -> tuple[tuple, bool, l
     if b:  # within a budget, the budget's pick (profile/budget.py)
         if b["is_reference"]:
             return base_key, False, None
-        entry = next(e for e in doc["analysis"]["configs"] if e["config"] == b["pick"])
-        run_dir = Path(entry["runs"][0]["run"])
-        return learning_key(yaml_data((run_dir / "config.yaml").read_text())), True, \
+        return learning_key(_run_config(doc, {"config": b["pick"]})), True, \
             d.get("time_ratio_ci") if d.get("config") == b["pick"] else None
     if not d or d.get("is_reference", True):
         return base_key, False, None
@@ -320,8 +318,8 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
         rec.get("speedup_vs_reference") else None
     b = (doc.get("decision") or {}).get("budget") or {}
     if b and not b["is_reference"]:
-        point = b["probabilities"]["configs"][[r["config"] for r in b["probabilities"][
-            "configs"]].index(b["pick"])]["time_ratio"]
+        point = next(r["time_ratio"] for r in b["probabilities"]["configs"]
+                     if r["config"] == b["pick"])
     return Outcome(pick, recommends, ci, spent(work / "runs"), follows, unserved, cut,
                    doc.get("problem"), (doc.get("decision") or {}).get("evidence")
                    or rec.get("evidence"), point, b.get("p_within_5pct"),
