@@ -1,7 +1,7 @@
 """`make bench`: run every benchmark in turn (each prints a table and one JSON line).
 
 Run on an otherwise idle machine: the figures are wall-clock ratios measured side by side.
-Record results in docs/benchmarks.md with the date, machine and command.
+Record results in docs/benchmarks.md with the machine and the command that produced them.
 """
 
 from __future__ import annotations
