@@ -98,3 +98,39 @@ def test_aa_bank_writes_a_bank_whose_truth_is_one_and_replay_reads_it(tmp_path):
     keys = profile_keys(load_config(str(BENCH / "banks" / "no-saving.yaml")))
     assert sorted(bank.runs) == sorted(keys)
     assert all(sorted(bank.runs[k]) == [0, 1] for k in keys)
+
+
+def _eval_noise():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eval_noise", BENCH / "eval_noise.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_eval_noise_reads_each_halfs_crossing_of_its_own_step0_plus_the_gain(tmp_path):
+    """bench/eval_noise.py (docs/analysis.md, "Evaluation noise"): each half's N* is the
+    interpolated first crossing of its own step-0 value plus the gain; a half that never
+    crosses is None."""
+    rows = [{"samples": 256 * i, "eval/accuracy_a": 0.30 + 0.01 * i,
+             "eval/accuracy_b": 0.20 + 0.02 * i, "eval/accuracy": 0.25}
+            for i in range(12)]
+    (tmp_path / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = _eval_noise().crossings(tmp_path, 0.10)
+    assert got["a"] == pytest.approx(2560.0) and got["b"] == pytest.approx(1280.0)
+    assert got["whole"] is None
+
+
+def test_eval_noise_share_bounds_follow_the_components():
+    """The share's bootstrap interval: near 0 when both halves agree on every seed (no
+    evaluation noise), reaching 1 when the halves are independent (no training part)."""
+    import numpy as np
+
+    mod = _eval_noise()
+    rng = np.random.default_rng(3)
+    a = rng.normal(0, 0.3, 16)
+    lo, hi = mod.share_ci(a, a + rng.normal(0, 1e-4, 16), rng, 500)
+    assert hi < 1e-3
+    lo, hi = mod.share_ci(a, rng.normal(0, 0.3, 16), rng, 500)
+    assert hi == 1.0 and lo > 0.2

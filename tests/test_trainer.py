@@ -223,3 +223,36 @@ def test_stopped_run_continues_once_its_stop_file_is_gone(tiny_model_dir, tmp_pa
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_eval_halves_are_two_disjoint_sets_of_the_same_run(tiny_model_dir, tmp_path, capsys):
+    """`eval.halves` on twice the prompts: the first half is the default evaluation set
+    (its accuracy equals eval/accuracy of a run evaluated on those prompts alone), the
+    second is disjoint from it, the whole is their mean, and the training is untouched
+    (docs/analysis.md, "Evaluation noise")."""
+    small = [s for s in SMALL if not s.startswith("eval.prompts")]
+    runs = {}
+    for name, sets in (("one", ["eval.prompts=128"]),
+                       ("halves", ["eval.prompts=256", "eval.halves=true"])):
+        code, out, err = run_cli(["train", "--preset", "grpo-tiny", "--out",
+                                  str(tmp_path / name), "--json",
+                                  *set_flags(small + sets)], capsys)
+        assert code == 0, err
+        runs[name] = read_run(json.loads(out.strip().splitlines()[-1])["run_dir"])
+    one, halves = runs["one"], runs["halves"]
+    drop = {"train_s", "rollout/tokens_per_s"} | {k for k in one.steps[0]
+                                                  if k.startswith("time/")}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in one.steps] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in halves.steps]
+    assert len(one.evals) == len(halves.evals) == 3
+    for a, b in zip(one.evals, halves.evals, strict=True):
+        assert "eval/accuracy_a" not in a
+        assert b["eval/accuracy_a"] == a["eval/accuracy"]
+        assert b["eval/accuracy"] == pytest.approx(
+            (b["eval/accuracy_a"] + b["eval/accuracy_b"]) / 2, abs=1e-12)
+    from rlbatch.rollout.tasks import AdditionTask
+
+    task = AdditionTask(3)
+    first, second = task.eval_set(256)[:128], task.eval_set(256)[128:]
+    assert first == task.eval_set(128)
+    assert not {e.prompt for e in first} & {e.prompt for e in second}

@@ -18,7 +18,8 @@ from rlbatch.core.lr_rule import scaled_lr
 
 # Metrics whose range is known; a target outside it can never be reached.
 DEFAULT_DIGITS = {"addition": 3, "reverse": 6, "runsum": 1}
-BOUNDED_METRICS = {"eval/accuracy": (0.0, 1.0), "reward/mean": (0.0, 1.0)}
+BOUNDED_METRICS = {"eval/accuracy": (0.0, 1.0), "eval/accuracy_a": (0.0, 1.0),
+                   "eval/accuracy_b": (0.0, 1.0), "reward/mean": (0.0, 1.0)}
 
 
 # Sane upper bounds: a value past them is a typo or a unit mix-up, and would otherwise end in
@@ -253,6 +254,10 @@ class EvalConfig(StrictModel):
                                description="sampling temperature when k > 1")
     at_start: bool = Field(True, description="evaluate before the first step (the step-0 value "
                            "a relative target adds its gain to)")
+    halves: bool = Field(False, description="also log eval/accuracy_a and eval/accuracy_b, the "
+                         "accuracy on the first and the second half of the prompts: two disjoint "
+                         "evaluation sets of the same run, whose N* differ only by evaluation "
+                         "noise (docs/analysis.md, \"Evaluation noise\")")
 
 
 class TargetConfig(StrictModel):

@@ -450,6 +450,18 @@ def fault_rate_message(cfg: Config, faults: int, calls: int, what: str) -> str |
             f"see {REWARD_ERRORS} in the run directory")
 
 
+def half_accuracies(scores: list, faulted: list[bool], k: int) -> dict:
+    """`eval.halves`: the mean score of the calls that did not fault on the first and the
+    second half of the evaluation's prompts (`scores` prompt-major, k calls per prompt; a
+    half with no call left is NaN)."""
+    cut = (len(scores) // k) // 2 * k
+    out = {}
+    for name, part in (("a", slice(0, cut)), ("b", slice(cut, None))):
+        kept = [s or 0.0 for s, f in zip(scores[part], faulted[part]) if not f]
+        out[f"eval/accuracy_{name}"] = sum(kept) / len(kept) if kept else float("nan")
+    return out
+
+
 def _versions(cfg: Config) -> dict:
     import torch
     import transformers

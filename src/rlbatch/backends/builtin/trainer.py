@@ -34,7 +34,8 @@ from rlbatch.backends.builtin.batch import (
 )
 from rlbatch.backends.builtin.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from rlbatch.backends.builtin.critic import ValueModel
-from rlbatch.backends.builtin.runstate import RunState, fault_rate_message, open_run, run_recorded
+from rlbatch.backends.builtin.runstate import (RunState, fault_rate_message, half_accuracies,
+                                              open_run, run_recorded)
 from rlbatch.backends.builtin.trackers import open_trackers, require_trackers
 from rlbatch.backends.builtin.update import actor_update, critic_update
 from rlbatch.core.config import Config
@@ -391,6 +392,8 @@ class Trainer:
                "eval/prompts": len(examples), "eval/k": k,
                "eval/mean_length": float(ro.lengths.float().mean())}
         row.update({f"eval/reward_{key}": n for key, n in scored.counts().items()})
+        if ev.halves:
+            row.update(half_accuracies(rewards.tolist(), scored.faulted, k))
         st.log_eval(row, time.perf_counter() - t0)
         self.trackers.log(row)
         self.cb("eval", row)

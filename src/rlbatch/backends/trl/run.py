@@ -14,7 +14,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from rlbatch.backends.builtin.runstate import RunState, fault_rate_message, open_run, run_recorded
+from rlbatch.backends.builtin.runstate import (RunState, fault_rate_message, half_accuracies,
+                                              open_run, run_recorded)
 from rlbatch.backends.trl.hooks import (
     COUNTERS,
     require_trl,
@@ -234,6 +235,9 @@ class TRLRun:
                "eval/prompts": len(examples), "eval/k": ev.k,
                "eval/mean_length": float(ro.lengths.float().mean()),
                **{f"eval/reward_{k}": n for k, n in scored.counts().items()}}
+        if ev.halves:
+            row.update(half_accuracies(scored.values, [f is not None for f in scored.faults],
+                                       ev.k))
         st.log_eval(row, time.perf_counter() - t0)
         self.cb("eval", row)
         reason = fault_rate_message(cfg, scored.n_faults, len(calls),
