@@ -362,3 +362,25 @@ def test_a_budget_in_seconds_below_one_baseline_run_says_so(budget_bank):
     assert "stopped by the profile's budget" in doc["problem"]
     assert "--budget at least one baseline run" in doc["problem"]
     assert "budget.max_samples" not in doc["problem"]
+
+
+def test_the_grid_with_a_margin_picks_a_candidate_only_below_margin_times_the_baseline(
+        budget_bank):
+    """bench/budget_frontier.py's rule: margin 1 is the grid within the budget; B = 256 at
+    T ratio 0.5 (the bank's noise about 0.15 in logs) is picked at a margin of 0.9 as often,
+    and never at 0.1, which keeps the baseline every time."""
+    import random as rnd
+
+    from rlbatch.profile.replay import profile_keys
+    from rlbatch.profile.replay_truth import attach_crossings, bank_truth, grid_within
+
+    cfg, bank, _ = budget_bank
+    keys = profile_keys(cfg)
+    attach_crossings(bank, cfg)
+    truth = bank_truth(cfg, bank, keys)
+    plain = grid_within(truth, bank, keys, 50, rnd.Random(2), 3.0)
+    assert grid_within(truth, bank, keys, 50, rnd.Random(2), 3.0, 1.0) == plain
+    assert plain["recommends"] == 1.0
+    assert grid_within(truth, bank, keys, 50, rnd.Random(2), 3.0, 0.9)["recommends"] == 1.0
+    never = grid_within(truth, bank, keys, 50, rnd.Random(2), 3.0, 0.1)
+    assert never["recommends"] == 0.0 and never["slower_than_baseline"] == 0.0

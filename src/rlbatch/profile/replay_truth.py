@@ -309,8 +309,10 @@ def reference_rows(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
 
 
 def grid_within(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
-                rng: random.Random, budget: float | None = None) -> dict:
-    """The one-seed grid (reference_rows), within `budget` baseline runs when given."""
+                rng: random.Random, budget: float | None = None, margin: float = 1.0) -> dict:
+    """The one-seed grid (reference_rows), within `budget` baseline runs when given; with
+    `margin` < 1, a candidate is picked only when its T is below margin x the baseline's
+    (bench/budget_frontier.py)."""
     ratio = {r["key"]: r["time_ratio"] for r in truth["configs"]}
     best, unit = truth["best_time_ratio"], truth["baseline_time_to_target_s"]
     seeds = bank.common_seeds(keys)
@@ -329,7 +331,9 @@ def grid_within(truth: dict, bank: Bank, keys: list[tuple], replicates: int,
                 break
             cost += whole
             times[k] = math.inf if t is None else t
-        picks.append(min(times, key=lambda k: (times[k], keys.index(k))))
+        low = min(times, key=lambda k: (times[k], keys.index(k)))
+        picks.append(low if times[low] < margin * times[keys[0]] or low == keys[0]
+                     else keys[0])
         costs.append(cost / unit)
     tr = [math.inf if ratio.get(k) is None else ratio[k] for k in picks]
     name = "one_seed_grid" if budget is None else f"one_seed_grid_budget_{budget:g}"
