@@ -34,8 +34,13 @@ from rlbatch.backends.builtin.batch import (
 )
 from rlbatch.backends.builtin.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from rlbatch.backends.builtin.critic import ValueModel
-from rlbatch.backends.builtin.runstate import (RunState, fault_rate_message, half_accuracies,
-                                              open_run, run_recorded)
+from rlbatch.backends.builtin.runstate import (
+    RunState,
+    fault_rate_message,
+    half_accuracies,
+    open_run,
+    run_recorded,
+)
 from rlbatch.backends.builtin.trackers import open_trackers, require_trackers
 from rlbatch.backends.builtin.update import actor_update, critic_update
 from rlbatch.core.config import Config

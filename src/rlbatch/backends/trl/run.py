@@ -14,8 +14,13 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from rlbatch.backends.builtin.runstate import (RunState, fault_rate_message, half_accuracies,
-                                              open_run, run_recorded)
+from rlbatch.backends.builtin.runstate import (
+    RunState,
+    fault_rate_message,
+    half_accuracies,
+    open_run,
+    run_recorded,
+)
 from rlbatch.backends.trl.hooks import (
     COUNTERS,
     require_trl,
