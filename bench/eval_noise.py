@@ -18,8 +18,9 @@ simulated studies of the same size with the measured components as the truth.
 
     python bench/eval_noise.py --seeds 12 --runs /tmp/eval-noise --coverage 400
 
-Each half's target is its own step-0 value plus the preset's gain (the same for every seed:
-all start from one warm start). Finished runs in --runs are reused (a killed study resumes).
+Each half's target is its step-0 value (its mean over the seeds where the evaluation
+samples) plus the gain, one target for every seed as a profile sets one; a run stops once
+its own step-0 value plus the preset's gain is crossed on every half. Finished runs in --runs are reused (a killed study resumes).
 Prints a table and one JSON line.
 """
 
@@ -29,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -79,9 +81,10 @@ def train(preset: str, seed: int, prompts: int, samples: int, gain: float, runs:
     return Path(json.loads(stdout.strip().splitlines()[-1])["run_dir"])
 
 
-def crossings(run_dir: Path, gain: float, smooth: int = 1) -> dict:
-    """N* of each half and of the whole set: the first crossing of step-0 + gain by the
-    curve (its trailing mean over `smooth` evaluations, as `rlbatch analyze --smooth`)."""
+def crossings(run_dir: Path, gain: float, smooth: int = 1, base: dict | None = None) -> dict:
+    """N* of each half and of the whole set: the first crossing of base + gain (base: each
+    metric's step-0 value, the run's own without `base`) by the curve (its trailing mean
+    over `smooth` evaluations, as `rlbatch analyze --smooth`)."""
     ev = read_jsonl(run_dir / "evals.jsonl")[0]
     if not ev:
         return dict.fromkeys(METRICS)
@@ -89,7 +92,8 @@ def crossings(run_dir: Path, gain: float, smooth: int = 1) -> dict:
     out = {}
     for name, metric in METRICS.items():
         v = [e[metric] for e in ev]
-        c = first_crossing(s, smooth_trailing(v, smooth), v[0] + gain)
+        start = v[0] if base is None else base[name]
+        c = first_crossing(s, smooth_trailing(v, smooth), start + gain)
         out[name] = None if c.censored else c.samples
     return out
 
@@ -172,11 +176,16 @@ def main() -> int:
         dirs = list(pool.map(lambda s: train(args.preset, s, prompts, args.samples, gain,
                                                    args.runs),
                              seeds))
+    # one target per metric for every seed, as a profile sets one (the step-0 values differ
+    # between seeds only where the evaluation samples, eval.k > 1)
+    starts = [read_jsonl(d / "evals.jsonl")[0][0] for d in dirs]
+    base = {k: statistics.fmean(e[m] for e in starts) for k, m in METRICS.items()}
     rng = np.random.default_rng(0)
     table = []
     for g in [gain] + [x for x in args.gains if x != gain]:
         for w in args.smooth:
-            rows = [{"seed": s, **crossings(d, g, w)} for s, d in zip(seeds, dirs, strict=True)]
+            rows = [{"seed": s, **crossings(d, g, w, base)}
+                    for s, d in zip(seeds, dirs, strict=True)]
             t = decompose(rows, rng, args.coverage)
             if t is None:
                 print(f"gain +{g:g}, smooth {w}: fewer than 3 seeds crossed on every metric "
