@@ -4,6 +4,7 @@ evaluations, and a target metric that stopped being logged."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def cap_output(path: Path) -> int:
     if size <= OUTPUT_CAP:
         return 0
     with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)  # again: the command may have written since the stat
         f.truncate(OUTPUT_HEAD)
     with open(path, "ab") as f:
         f.write(f"\n[rlbatch: {size - OUTPUT_HEAD:,} bytes of output cut here: output.log "
