@@ -199,7 +199,10 @@ def test_a_trl_trial_follows_its_tensorboard_log_from_train_begin_to_its_target(
     # 0.05 s see the scalar-less file at least five times
     config = _config(tmp_path, "trl", argv, {"PYTHONPATH": str(HELPERS)}, "eval/reward", None,
                      target={"gain": 0.03}, budget={"max_samples": 4096},
-                     command={"poll_s": 0.05})
+                     command={"poll_s": 0.05},
+                     # every trial runs to its target: what is checked is the follow, not
+                     # whether the candidate could still win (where runs land differs by CPU)
+                     profile={"early_stop": False})
     doc = _profile(config, tmp_path / "p")
     assert not doc["failed_trials"]
     _reached_after_an_empty_log(tmp_path / "p", tensorboard_gap, poll_s=0.05)
