@@ -48,6 +48,12 @@ VARIANTS = {
     "budget-2": ("full", ["profile.budget=2"]),
     "budget-4": ("full", ["profile.budget=4"]),
     "budget-8": ("full", ["profile.budget=8"]),
+    # the budget's looks capped at 12 baseline runs as a decision: a candidate picked
+    # only when at most 5% likely slower than the baseline, by the draws alone
+    # (profile.sequential), or also when the decision rule shows it faster at any look
+    "sequential-12": ("full", ["profile.budget=12", "profile.sequential=true"]),
+    "sequential-10": ("full", ["profile.budget=10", "profile.sequential=true"]),
+    "max-slower-12": ("full", ["profile.budget=12", "profile.budget_max_slower=0.05"]),
 }
 
 

@@ -154,6 +154,26 @@ def test_the_pick_is_the_likeliest_best_unless_it_is_too_likely_slower_or_one_is
     assert row["config"] == "c" and "established" in why
 
 
+def test_a_sequential_pick_is_the_draws_alone_and_needs_a_cap(tmp_path):
+    """profile.sequential: a candidate the decision rule calls `established` is not picked
+    on that alone (that test, at alpha at every look, would add its error at each): one
+    seed each, a little faster, stays too likely slower; without a cap the config is
+    refused with the key named."""
+    shown = result(entry("b", 128, [100.0]), entry("c", 256, [92.0]),
+                   evidence="established", rec="c")
+    probs = budget.probabilities(shown, prior_sd=0.3)
+    row, why = budget.pick(shown, probs, budget.SURE_SLOWER, sequential=True)
+    assert row["config"] == "b" and "established" not in why
+    assert "the sequential decision's bound 0.05" in why
+    row, why = budget.pick(shown, probs, budget.SURE_SLOWER)
+    assert row["config"] == "c" and "established" in why
+    path = config_file(tmp_path, "profile.prompts_per_step=[32,64]")
+    with pytest.raises(UserError, match="profile.sequential"):
+        load_config(str(path), overrides=["profile.sequential=true"])
+    assert load_config(str(path), overrides=["profile.sequential=true",
+                                              "profile.budget=12"]).profile.sequential
+
+
 def test_a_look_is_taken_only_while_the_budget_pays_for_it_and_the_pick_is_unsure():
     base = entry("b", 128, [100.0, 110.0])
     cand = entry("c", 256, [70.0])
@@ -173,6 +193,34 @@ def test_a_look_is_taken_only_while_the_budget_pays_for_it_and_the_pick_is_unsur
     sets, why, _ = budget.next_look(sure, p2, p2["configs"][1], seeds=6, spent=0.0,
                                     limit=1e9)
     assert sets is None and why.startswith("sure enough")
+
+
+def test_once_the_pick_is_sure_to_be_faster_its_rival_gets_the_seeds_and_the_baseline_rests():
+    """Baseline 6 seeds at ~100 s; c 4 seeds at ~50 s and d 1 seed at 52 s: c's lead over
+    the baseline is settled (P(slower) <= 0.05) but not whether it is within 5% of d, so
+    the next look runs c and d and no baseline seed. With the baseline at 55 s instead, the
+    question is against the baseline, which runs beside the pick."""
+    base = entry("b", 128, [100.0, 104.0, 97.0, 101.0, 99.0, 103.0])
+    c = entry("c", 256, [50.0, 52.0, 49.0, 51.0])
+    d = entry("d", 512, [52.0])
+    r = result(base, c, d)
+    probs = budget.probabilities(r, prior_sd=0.1)
+    chosen, _ = budget.pick(r, probs, max_slower=0.05)
+    rows = {x["config"]: x for x in probs["configs"]}
+    assert chosen["config"] in ("c", "d") and chosen["p_slower_than_baseline"] <= 0.05
+    assert chosen["p_within_5pct"] < budget.SURE_WITHIN
+    looked = budget.look_configs(probs, chosen)
+    assert {x["config"] for x in looked} == {"c", "d"}
+    sets, why, rival = budget.next_look(r, probs, chosen, seeds=6, spent=0.0, limit=1e9)
+    assert sets == {"profile.seeds": 7} and rival == chosen["config"]
+    assert "baseline" not in why and "B=256 and B=512" in why.replace("B=512 and B=256",
+                                                                      "B=256 and B=512")
+    close = result(entry("b", 128, [55.0, 50.0]), c, d)
+    p2 = budget.probabilities(close, prior_sd=0.1)
+    ch2, _ = budget.pick(close, p2, max_slower=0.5)
+    assert ch2["config"] != "b" and ch2["p_slower_than_baseline"] > budget.SURE_SLOWER
+    assert [x["config"] for x in budget.look_configs(p2, ch2)] == ["b", ch2["config"]]
+    assert rows["b"]["p_slower_than_baseline"] is None
 
 
 def test_the_guard_refuses_new_trials_and_stops_running_ones_once_the_budget_is_spent(
@@ -246,6 +294,35 @@ def test_looks_within_a_budget_spend_at_most_it_and_give_seeds_to_the_baseline_a
         assert 0.5 < last["p_within_5pct"] <= 1.0
         assert last["p_slower_than_baseline"] < 0.25
     assert last["next_set"] is None and last["next"]
+
+
+def test_a_look_whose_baseline_rests_starts_no_baseline_seed(tmp_path):
+    """B = 256 at twice the baseline's throughput, B = 512 at 2.2 times: once the pick is
+    sure to be faster than the baseline, the next look runs the two candidates only, and
+    the baseline's seeds stay those it had."""
+    path = config_file(tmp_path, "profile.prompts_per_step=[32,64]")
+    cfg = replay_config(load_config(str(path)))
+    write_bank(cfg, tmp_path / "bank", range(12), {128: 100.0, 256: 200.0, 512: 220.0})
+    bank = load_bank(tmp_path / "bank")
+    current = with_sets(cfg, {"profile.budget": 10.0, "profile.budget_max_slower": 0.05})
+    out = tmp_path / "profile"
+    rested = []
+    for _ in range(budget.follows(current.profile, 0) + 1):
+        before = {e["trial"] for e in read_jsonl(out / "journal.jsonl")[0]
+                  if e["event"] == "started"} if out.exists() else set()
+        doc = run_profile(current, out, ReplayExecutor(bank, {s: s for s in range(12)}),
+                          poll_s=0.0)
+        started = {e["trial"] for e in read_jsonl(out / "journal.jsonl")[0]
+                   if e["event"] == "started"} - before
+        if rested and rested[-1] is True:
+            assert started and not any(t.startswith("base-") for t in started)
+        b = doc["decision"]["budget"]
+        rested.append(b["baseline_rests"])
+        sets = next_sets(doc, "full")
+        if sets is None:
+            break
+        current = with_sets(current, sets)
+    assert True in rested[:-1]  # a look ran the candidates only
 
 
 def test_a_replay_within_a_budget_scores_its_probabilities_beside_the_grid_within_it(

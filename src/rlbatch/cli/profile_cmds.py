@@ -73,9 +73,10 @@ FollowOption = typer.Option(
 BudgetOption = typer.Option(
     None, "--budget", help="the most the profile may spend: N baseline runs' time to target "
     "(e.g. 4), or training time (3600s, 90m, 2h). Its first look is one seed of each "
-    "configuration; it then adds seeds to the baseline and the likeliest fastest while the "
-    "budget pays, and prints a pick with P(slower than the baseline) (docs/analysis.md, "
-    "'A budget')")
+    "configuration; it then adds seeds to the baseline and the likeliest fastest (once that "
+    "one is sure to be faster, to it and its likeliest rival) while the budget pays, and "
+    "prints a pick with P(slower than the baseline) (docs/analysis.md, 'A budget'); with "
+    "--set profile.sequential=true the pick is a decision at 5%")
 
 
 def budget_overrides(text: str | None) -> list[str]:
@@ -335,7 +336,11 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = F
     if continuing:
         return
     follow = (d or {}).get("follow_up")
-    if command and follow:
+    if command and follow and (d.get("budget") or {}).get("baseline_rests"):
+        print(f"the follow-up brings {' and '.join(follow['configs'])} to {follow['seeds']} "
+              "seeds, and the baseline rests: the pick is sure enough to be faster than it, "
+              "and whether it is within 5% of the fastest is open")
+    elif command and follow:
         print(f"the follow-up runs {follow['seeds']} seeds of the baseline and of "
               f"{', '.join(follow['configs'])} only, the challenger: the open candidate with "
               "the lowest point T (profile.follow_up: challenger)")

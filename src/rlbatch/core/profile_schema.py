@@ -45,7 +45,8 @@ class ProfileConfig(StrictModel):
         None, ge=1, le=10000, description="the most the profile may spend, in baseline runs' "
         "time to target (the median of the baseline's runs): its first look is one seed of "
         "each configuration, each later look one more seed of the baseline and of the "
-        "likeliest fastest, while the budget pays for them; the decision adds a pick with "
+        "likeliest fastest (once that one is at most 5% likely slower than the baseline, of "
+        "it and its likeliest rival), while the budget pays for them; the decision adds a pick with "
         "P(slower than the baseline) (rlbatch profile --budget; docs/analysis.md, "
         "'A budget'); null: no budget")
     budget_seconds: float | None = Field(
@@ -54,6 +55,11 @@ class ProfileConfig(StrictModel):
     budget_max_slower: float = Field(
         0.25, gt=0, lt=1, description="a budget's pick: a candidate more likely than this to "
         "be slower than the baseline gives way to the baseline")
+    sequential: bool = Field(
+        False, description="the budget's looks as a sequential decision, the budget its "
+        "cap: a candidate is picked only when the draws put it at most 5% likely slower "
+        "than the baseline, else the baseline is kept (docs/analysis.md, 'A budget as a "
+        "sequential decision'); needs profile.budget or profile.budget_seconds")
     smallest_effect: float = Field(0.1, gt=0, le=10, description="futility: the smallest "
                                    "speed-up worth finding (0.1: T ratio 1/1.1)")
     futility_alpha: float = Field(0.05, gt=0, lt=0.5, description="futility: the chance of "
@@ -113,6 +119,9 @@ class ProfileConfig(StrictModel):
                              "measures each once)")
         if self.budget is not None and self.budget_seconds is not None:
             raise ValueError("profile.budget and profile.budget_seconds: set one of them")
+        if self.sequential and self.budget is None and self.budget_seconds is None:
+            raise ValueError("profile.sequential: its looks need a cap, profile.budget (or "
+                             "--budget N)")
         if (self.budget is not None or self.budget_seconds is not None) \
                 and self.strategy == "probe":
             raise ValueError("profile.budget is the full strategy's (the probe strategy has "

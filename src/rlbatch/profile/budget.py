@@ -228,12 +228,15 @@ def _draw_means(seen: list, crossed_c: list, s: float, rng: random.Random) -> li
     return mu
 
 
-def pick(result: dict, probs: dict, max_slower: float) -> tuple[dict, str]:
-    """The budget's pick among `probs["configs"]` and why, in words."""
+def pick(result: dict, probs: dict, max_slower: float,
+         sequential: bool = False) -> tuple[dict, str]:
+    """The budget's pick among `probs["configs"]` and why, in words. `sequential`: the
+    draws alone decide (the decision rule's `established`, a test at alpha at each look,
+    would add its error at every look)."""
     rows = probs["configs"]
     base = rows[0]
     rec = result.get("recommendation") or {}
-    if rec.get("evidence") == "established":
+    if rec.get("evidence") == "established" and not sequential:
         row = next((r for r in rows if r["config"] == rec["config"]), None)
         if row is not None:
             return row, "shown faster than the baseline (evidence established)"
@@ -241,22 +244,23 @@ def pick(result: dict, probs: dict, max_slower: float) -> tuple[dict, str]:
     if top is base:
         return base, "the baseline is the configuration most likely within 5% of the fastest"
     if top["p_slower_than_baseline"] > max_slower:
+        bound = ("the sequential decision's bound" if sequential
+                 else "profile.budget_max_slower")
         return base, (f"the likeliest fastest, B={top['sequences_per_step']}, is slower than "
                       f"the baseline with probability {top['p_slower_than_baseline']:.2f}, "
-                      f"above profile.budget_max_slower {max_slower:g}")
+                      f"above {bound} {max_slower:g}")
     return top, "the configuration most likely within 5% of the fastest"
 
 
 def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: float,
               limit: float | None) -> tuple[dict | None, str, str | None]:
-    """({"profile.seeds": n} for the next look, or None; why in words; its challenger): one
-    more seed of the baseline and of the likeliest best candidate, at the seeds the look
-    needs to bring both to `seeds` + 1, when their projected cost fits in what is left."""
+    """({"profile.seeds": n} for the next look, or None; why in words; its challenger):
+    one more seed of the configurations whose question is open (`look_configs`), at the
+    seeds the look needs to bring each to `seeds` + 1, when their projected cost fits in
+    what is left."""
     rows = probs["configs"]
-    others = rows[1:]
-    if not others:
+    if not rows[1:]:
         return None, "no candidate is left to compare", None
-    rival = chosen if chosen is not rows[0] else max(others, key=lambda r: r["p_within_5pct"])
     slower = chosen.get("p_slower_than_baseline")
     if chosen["p_within_5pct"] >= SURE_WITHIN and (slower is None or slower <= SURE_SLOWER):
         return None, (f"sure enough: P(within 5%) {chosen['p_within_5pct']:.2f} >= "
@@ -266,19 +270,37 @@ def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: flo
         return None, "no budget", None
     by = {e["config"]: e for e in result["configs"]}
     base = by[rows[0]["config"]]
-    cand = by[rival["config"]]
+    looked = look_configs(probs, chosen)
     want = seeds + 1
-    cand_t = cand["time_to_target"] or base["time_to_target"]  # none crossed: at most that
-    cost = (max(0, want - base["seeds"]) * base["time_to_target"]
-            + max(0, want - cand["seeds"]) * cand_t)
+    cost = sum(max(0, want - by[r["config"]]["seeds"])
+               * (by[r["config"]]["time_to_target"] or base["time_to_target"])
+               for r in looked)  # a configuration none of whose runs crossed: at most that
+    names = " and ".join("the baseline" if r is rows[0] else f"B={r['sequences_per_step']}"
+                         for r in looked)
     if spent + cost > limit:
-        return None, (f"the budget cannot pay for another seed of the baseline and of "
-                      f"B={rival['sequences_per_step']} (projected {cost:,.1f} s, "
-                      f"{max(0.0, limit - spent):,.1f} s left)"), None
-    return {"profile.seeds": want}, (f"one more seed of the baseline and of "
-                                     f"B={rival['sequences_per_step']} (projected "
-                                     f"{cost:,.1f} s of the {limit - spent:,.1f} s left)"), \
-        rival["config"]
+        return None, (f"the budget cannot pay for another seed of {names} (projected "
+                      f"{cost:,.1f} s, {max(0.0, limit - spent):,.1f} s left)"), None
+    rival = next(r for r in looked if r is not rows[0])
+    return {"profile.seeds": want}, (f"one more seed of {names} (projected {cost:,.1f} s of "
+                                     f"the {limit - spent:,.1f} s left)"), rival["config"]
+
+
+def look_configs(probs: dict, chosen: dict) -> list[dict]:
+    """The configurations the next look runs (rows of `probs`, the baseline first where it
+    runs): while the pick is a candidate not yet sure to be faster than the baseline (or is
+    the baseline), the baseline and the likeliest candidate; once a candidate pick is at
+    most SURE_SLOWER likely slower, what is open is whether it is within 5% of the fastest,
+    so the pick and its likeliest rival among the other candidates (a top-two allocation:
+    Russo, "Simple Bayesian algorithms for best-arm identification", Operations Research
+    68, 2020), and the baseline rests."""
+    rows = probs["configs"]
+    base, others = rows[0], rows[1:]
+    slower = chosen.get("p_slower_than_baseline")
+    rivals = [r for r in others if r is not chosen]
+    if chosen is not base and slower is not None and slower <= SURE_SLOWER and rivals:
+        return [chosen, max(rivals, key=lambda r: r["p_within_5pct"])]
+    return [base, chosen if chosen is not base
+            else max(others, key=lambda r: r["p_within_5pct"])]
 
 
 def block(result: dict | None, prof, *, spent: float, base_time: float | None) -> dict | None:
@@ -287,10 +309,12 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
     if not budgeted(prof) or not result or not result.get("recommendation"):
         return None
     probs = probabilities(result, prof.futility_sd)
-    chosen, why = pick(result, probs, prof.budget_max_slower)
+    chosen, why = pick(result, probs, SURE_SLOWER if prof.sequential
+                       else prof.budget_max_slower, prof.sequential)
     lim = limit_s(prof, base_time)
     sets, look_why, rival = next_look(result, probs, chosen, seeds=prof.seeds, spent=spent,
                                       limit=lim)
+    looked = look_configs(probs, chosen) if sets else []
     return {"budget_runs": prof.budget, "budget_seconds": prof.budget_seconds,
             "limit_s": lim, "spent_s": spent,
             "spent_runs": spent / base_time if base_time else None,
@@ -299,13 +323,15 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
             "why": why, "p_within_5pct": chosen["p_within_5pct"],
             "p_slower_than_baseline": chosen["p_slower_than_baseline"],
             "probabilities": probs, "next_set": sets, "challenger": rival,
+            "look_configs": [r["config"] for r in looked if r is not probs["configs"][0]],
+            "baseline_rests": bool(looked) and looked[0] is not probs["configs"][0],
             "next": look_why}
 
 
 def lines(b: dict) -> list[str]:
     """The budget's pick in words. P(slower than the baseline) is printed: the replays find
     it calibrated within 0.1 pooled over the banks; the model's P(within 5% of the
-    fastest) is not (overconfident by up to 0.36 there: docs/analysis.md, "A budget"), so it
+    fastest) is not (overconfident on the banks: docs/analysis.md, "A budget"), so it
     orders the configurations and stays in the JSON without being printed as a chance."""
     unit = (f"{b['budget_runs']:g} baseline runs" if b["budget_runs"] is not None
             else f"{b['budget_seconds']:,.0f} training seconds")

@@ -233,7 +233,8 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     guard = budget_guard(out, prof, decode)
     # the baseline's confirmation seeds run first: the early stops are then anchored on more
     # than one seed of it (its median T, its largest N*), at no extra cost
-    base = plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",))
+    base = [t for t in plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",))
+            if not baseline_rests(out) or t.run_dir().exists()]
     driver.run(base, guard.stop, guard.admit)
     ev = baseline_evidence(base, cfg, driver.failed)
     if ev["problem"]:
@@ -356,8 +357,8 @@ def closed_configs(out: Path, mode: str = "open") -> set[str]:
     if not rec:
         return set()
     within_budget = (prev.get("decision") or {}).get("budget") or {}
-    if within_budget.get("challenger"):  # a budget's look: the baseline and its challenger
-        keep = {within_budget["challenger"]}
+    if within_budget.get("challenger"):  # a budget's look: the configurations it runs
+        keep = set(within_budget.get("look_configs") or [within_budget["challenger"]])
     elif mode == "challenger":
         keep = {challenger(prev["analysis"])} - {None}
     else:
@@ -370,6 +371,16 @@ def closed_configs(out: Path, mode: str = "open") -> set[str]:
         if e["config"] not in keep:
             closed |= {by_dir[r["run"]] for r in e["runs"] if r["run"] in by_dir}
     return closed
+
+
+def baseline_rests(out: Path) -> bool:
+    """Whether the previous look in this folder, within a budget, gave its new seeds to two
+    candidates and none to the baseline (budget.look_configs): this look then plans no new
+    baseline seed."""
+    from rlbatch.core.runlog import read_json
+
+    prev = read_json(out / "profile.json")
+    return bool(((prev.get("decision") or {}).get("budget") or {}).get("baseline_rests"))
 
 
 def challenger_follow_up(result: dict) -> dict:
@@ -431,7 +442,7 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
         decision["budget"] = b
         decision["next_set"] = b["next_set"]
         if b["next_set"]:
-            decision["follow_up"] = {"configs": [b["challenger"]],
+            decision["follow_up"] = {"configs": b["look_configs"],
                                      "seeds": b["next_set"]["profile.seeds"]}
     if decision is not None:
         decision["trial_warnings"] = warned
