@@ -325,6 +325,25 @@ def test_a_look_whose_baseline_rests_starts_no_baseline_seed(tmp_path):
     assert True in rested[:-1]  # a look ran the candidates only
 
 
+def test_a_sequential_profile_picks_only_a_candidate_at_most_5pct_likely_slower(budget_bank):
+    """profile.sequential on the bank where B = 256 takes half the baseline's time: every
+    look's pick is the baseline or a candidate the draws put at most 5% likely slower, and
+    the last look, within the cap, picks B = 256."""
+    cfg, bank, tmp = budget_bank
+    current = with_sets(cfg, {"profile.budget": 8.0, "profile.sequential": True})
+    out = tmp / "profile-sequential"
+    for _ in range(budget.follows(current.profile, 0) + 1):
+        doc = run_profile(current, out, ReplayExecutor(bank, {s: s for s in range(10)}),
+                          poll_s=0.0)
+        b = doc["decision"]["budget"]
+        assert b["is_reference"] or b["p_slower_than_baseline"] <= budget.SURE_SLOWER
+        sets = next_sets(doc, "full")
+        if sets is None:
+            break
+        current = with_sets(current, sets)
+    assert b["pick_sequences_per_step"] == 256 and not b["is_reference"]
+
+
 def test_a_replay_within_a_budget_scores_its_probabilities_beside_the_grid_within_it(
         budget_bank):
     cfg, _bank, tmp = budget_bank

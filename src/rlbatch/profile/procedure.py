@@ -233,8 +233,7 @@ def run_profile(cfg: Config, out: str | Path, executor, *, progress: Progress | 
     guard = budget_guard(out, prof, decode)
     # the baseline's confirmation seeds run first: the early stops are then anchored on more
     # than one seed of it (its median T, its largest N*), at no extra cost
-    base = [t for t in plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",))
-            if not baseline_rests(out) or t.run_dir().exists()]
+    base = baseline_trials(plan_trials(cfg, runs, c, seeds + extra, kinds=("baseline",)), out)
     driver.run(base, guard.stop, guard.admit)
     ev = baseline_evidence(base, cfg, driver.failed)
     if ev["problem"]:
@@ -373,14 +372,16 @@ def closed_configs(out: Path, mode: str = "open") -> set[str]:
     return closed
 
 
-def baseline_rests(out: Path) -> bool:
-    """Whether the previous look in this folder, within a budget, gave its new seeds to two
-    candidates and none to the baseline (budget.look_configs): this look then plans no new
-    baseline seed."""
+def baseline_trials(base: list[Trial], out: Path) -> list[Trial]:
+    """This look's baseline trials: all of `base`, unless the previous look in this folder,
+    within a budget, gave its new seeds to two candidates and none to the baseline
+    (budget.look_configs): then only those already started."""
     from rlbatch.core.runlog import read_json
 
     prev = read_json(out / "profile.json")
-    return bool(((prev.get("decision") or {}).get("budget") or {}).get("baseline_rests"))
+    if not ((prev.get("decision") or {}).get("budget") or {}).get("baseline_rests"):
+        return base
+    return [t for t in base if t.run_dir().exists()]
 
 
 def challenger_follow_up(result: dict) -> dict:
