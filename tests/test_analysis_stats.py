@@ -544,3 +544,21 @@ def test_a_paired_comparison_is_a_t_interval_on_the_same_seed_log_ratios():
     assert got["samples_ratio_ci"] == pytest.approx([1.0, 1.0])  # same N* on every seed
     assert _paired({**a, "runs": a["runs"][:2]}, b, 0.90) is None  # 2 pairs: too few
     assert _paired({**a, "runs": runs([8.0, 9.0, 7.0, 12.0], censored=(1,))}, b, 0.90) is None
+
+
+def test_a_fixed_lr_control_without_a_time_ratio_says_it_was_not_compared():
+    """The control line names the control without its LR rule (the line says it is fixed)
+    and, where the control or its twin has no time to target, says it was not compared
+    instead of printing dashes."""
+    from rlbatch.cli.decision_text import _closing_lines
+
+    labels = {"c": "B256 lr0.0001 none", "t": "B256 lr0.000141"}
+    ctl = {"control": "c", "twin": "t", "samples_ratio": None, "samples_ratio_ci": [None, None],
+           "time_ratio": None, "time_ratio_ci": [None, None], "scaled_lr_too_high": False,
+           "eta0_may_be_under_tuned": False}
+    (line,) = _closing_lines({"fixed_lr_controls": [ctl]}, {}, labels)
+    assert line.startswith("fixed-LR control B256 lr0.0001 vs its sqrt twin B256 lr0.000141: "
+                           "not compared") and " none" not in line
+    ctl.update(samples_ratio=0.9, time_ratio=0.95)
+    (line,) = _closing_lines({"fixed_lr_controls": [ctl]}, {}, labels)
+    assert line == "fixed-LR control B256 lr0.0001 vs its sqrt twin: N* ratio 0.9, T ratio 0.95"

@@ -312,3 +312,28 @@ def test_the_report_and_the_docs_agree_on_what_a_trls_training_seconds_hold():
     assert "included for TRL" in CAPTIONS["invariance_time"]
     (row,) = [r for r in DOCS.read_text().splitlines() if r.startswith("| TRL (`trl grpo`) |")]
     assert "checkpoint saves stay in `train_s`" in row
+
+
+def heredoc_yaml(block: str) -> dict:
+    """The YAML a shell block writes with `cat > FILE <<YAML`, its $MODEL a placeholder."""
+    import yaml
+
+    body = block.split("<<YAML", 1)[1].split("\n", 1)[1].split("\nYAML", 1)[0]
+    return yaml.safe_load(body.replace("$MODEL", "MODEL"))
+
+
+def test_the_guides_trl_recipe_is_the_walkthroughs_config():
+    """docs/guide.md's TRL recipe, which a newcomer runs with its cost stated before it
+    starts, writes the walk-through's config: the same batch, baseline, target, budget,
+    cadences and profile settings, and TRL's same flags (the walk-through's block is the
+    one the slow test runs as written)."""
+    guide = (DOCS.parent / "guide.md").read_text()
+    block = next(b for b in re.findall(r"```\n(.*?)```", guide, re.DOTALL) if "<<YAML" in b)
+    mine, theirs = heredoc_yaml(block), heredoc_yaml(trl_shell_block())
+    for key in ("backend", "batch", "optimizer", "target", "budget", "eval", "checkpoint"):
+        assert mine[key] == theirs[key], key
+    assert {k: v for k, v in theirs["profile"].items() if k not in ("seeds", "confirm_seeds")} \
+        == mine["profile"]
+    assert theirs["profile"]["seeds"] == theirs["profile"]["confirm_seeds"] == 1  # defaults
+    assert mine["command"]["argv"][1:] == theirs["command"]["argv"][1:]
+    assert Path(theirs["command"]["argv"][0]).name == mine["command"]["argv"][0] == "trl"

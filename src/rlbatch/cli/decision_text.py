@@ -155,7 +155,13 @@ def _closing_lines(doc: dict, rec: dict, labels: dict) -> list[str]:
     """Fixed-LR controls, the reference-LR note, the seed plan and `next:`."""
     lines = []
     for c in doc.get("fixed_lr_controls") or []:
-        lines.append(f"fixed-LR control {labels[c['control']]} vs its sqrt twin: N* ratio "
+        name = labels[c["control"]].removesuffix(" none")  # the line says its LR is fixed
+        if c["time_ratio"] is None:
+            lines.append(f"fixed-LR control {name} vs its sqrt twin "
+                         f"{labels[c['twin']]}: not compared (the control or its twin has no "
+                         "time to target: stopped before the target)")
+            continue
+        lines.append(f"fixed-LR control {name} vs its sqrt twin: N* ratio "
                      f"{num(c['samples_ratio'])}{interval(c['samples_ratio_ci'])}, T ratio "
                      f"{num(c['time_ratio'])}{interval(c['time_ratio_ci'])}"
                      + ("; faster than its twin across seeds, at the lower LR: the sqrt "
