@@ -75,7 +75,7 @@ def test_a_challenger_follow_up_is_printed_as_a_seeds_command_naming_what_it_run
     command to continue, and a line says the follow-up runs the baseline and the challenger
     only."""
     from rlbatch.cli import common
-    from rlbatch.cli.profile_cmds import _next_command, _print_decision
+    from rlbatch.cli.profile_cmds import _labels, _next_command, _print_decision
 
     monkeypatch.setattr(common, "INVOKED", ["profile", "c.yaml", "--out", "p"])
     doc = {"decision": {"next_set": {"profile.seeds": 5},
@@ -88,3 +88,6 @@ def test_a_challenger_follow_up_is_printed_as_a_seeds_command_naming_what_it_run
     out = capsys.readouterr().out
     assert "the follow-up runs 5 seeds of the baseline and of grpo-B256 only" in out
     assert out.strip().endswith("rlbatch profile c.yaml --seeds 5 --out p")
+    named = {"analysis": {"configs": [{"config": "grpo-B256", "sequences_per_step": 256,
+                                       "lr": 1.41e-4, "lr_scaling": "sqrt"}]}}
+    assert _labels(named, ["grpo-B256", "other"]) == ["B256 lr0.000141", "other"]

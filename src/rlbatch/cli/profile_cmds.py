@@ -336,6 +336,8 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = F
     if continuing:
         return
     follow = (d or {}).get("follow_up")
+    if follow:
+        follow = {**follow, "configs": _labels(doc, follow["configs"])}
     if command and follow and (d.get("budget") or {}).get("baseline_rests"):
         print(f"the follow-up brings {' and '.join(follow['configs'])} to {follow['seeds']} "
               "seeds, and the baseline rests: the pick is sure enough to be faster than it, "
@@ -346,6 +348,15 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = F
               "the lowest point T (profile.follow_up: challenger)")
     if command:
         print(f"to continue this profile (finished trials are kept): {command}")
+
+
+def _labels(doc: dict, configs: list[str]) -> list[str]:
+    """The decision's short labels (`B512 lr0.0002`) of these configuration ids, where the
+    analysis names them; the ids otherwise."""
+    from rlbatch.analysis.labels import short_labels
+
+    known = short_labels((doc.get("analysis") or {}).get("configs") or [])
+    return [known.get(c, c) for c in configs]
 
 
 WARNINGS_SHOWN = 10  # trial warnings printed beside the decision; the rest are counted
