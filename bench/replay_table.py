@@ -13,7 +13,9 @@ each comparison on one spread pooled over every configuration or on the larger o
 pair's and the pooled one, the probe strategy, the first look alone (`rlbatch profile`
 without --follow), and the profile within a budget of 2, 4 and 8 baseline runs (`--budget`,
 beside the one-seed grid within the same budget; `calibration` in the JSON holds the printed
-probabilities against how often they came true); the floor column is the bank's information floor (profile/floor.py); each one's `rlbatch replay --json` document is written to
+probabilities against how often they came true), and the budget's looks as a sequential
+decision capped at 12 or 10 (`profile.sequential`; `max-slower-12` lets the decision rule's
+"shown faster" pick too); the floor column is the bank's information floor (profile/floor.py); each one's `rlbatch replay --json` document is written to
 `--out/NAME-VARIANT.json`.
 """
 
