@@ -1,17 +1,20 @@
 """An A/A bank: every configuration a profile of CONFIG runs, written from one known
 distribution (no training), so that no candidate is faster than the baseline and any
 recommendation `rlbatch replay` counts on it is a false one, every look of `next` included
-(docs/analysis.md, "Replays": "Looks and A/A").
+(docs/analysis.md, "Replays": "Looks and A/A"). With `--t-ratio`, a planted bank: each
+configuration's throughput divided by its given T ratio, curves unchanged (none departs).
 
 Each run's accuracy rises linearly in samples, 0.30 + samples x 1e-5 / n, so with a target
 gain g its N* is g x 1e5 x n; it trains at `--speed` x f samples per second. n and f are
 log-normal with sds `--sd-nstar` and `--sd-q`, drawn independently for every configuration
 and seed (same-seed runs are not correlated), the same distribution at every B: the true T
-ratio of every configuration is 1. Runs are evaluated at every step up to the budget, in
-the run-log format and with the configs `rlbatch bank` records.
+ratio of every configuration is 1 (or its `--t-ratio`). Runs are evaluated at every step
+up to the budget, in the run-log format and with the configs `rlbatch bank` records.
 
   python bench/aa_bank.py bench/banks/no-saving.yaml --seeds 24 --out banks/aa
   rlbatch replay bench/banks/no-saving.yaml banks/aa --strategy full --replicates 300 --json
+  python bench/aa_bank.py bench/banks/no-saving.yaml --seeds 48 --seed 21 \
+      --t-ratio 1,0.85,0.70,0.76,1.0 --out banks/planted21
 
 Prints one JSON line: the bank's folder, seeds and configurations.
 """
@@ -63,17 +66,26 @@ def main() -> int:
     ap.add_argument("--sd-nstar", type=float, default=0.2, help="sd of log N* per run")
     ap.add_argument("--sd-q", type=float, default=0.1, help="sd of log q per run")
     ap.add_argument("--speed", type=float, default=1000.0, help="median samples per second")
+    ap.add_argument("--t-ratio", default="",
+                    help="T ratios against the baseline, comma-separated, one per "
+                         "configuration in the bank's order (the baseline first): a planted "
+                         "difference in throughput; empty: every ratio 1 (A/A)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     cfg = load_config(a.config)
     out = Path(a.out)
+    trials = bank_trials(cfg, out, list(range(cfg.seed, cfg.seed + a.seeds)))
+    per_seed = len(trials) // a.seeds
+    ratios = [float(x) for x in a.t_ratio.split(",")] if a.t_ratio else [1.0] * per_seed
+    if len(ratios) != per_seed or min(ratios) <= 0:
+        ap.error(f"--t-ratio: {per_seed} positive ratios needed, one per configuration")
     out.mkdir(parents=True, exist_ok=False)
     rng = random.Random(a.seed)
-    trials = bank_trials(cfg, out, list(range(cfg.seed, cfg.seed + a.seeds)))
-    for t in trials:
+    for i, t in enumerate(trials):
         n = math.exp(rng.gauss(0.0, a.sd_nstar))
-        write_run(t, cfg.budget.max_samples, 1e-5 / n, a.speed * math.exp(rng.gauss(0.0, a.sd_q)))
+        speed = a.speed * math.exp(rng.gauss(0.0, a.sd_q)) / ratios[i % per_seed]
+        write_run(t, cfg.budget.max_samples, 1e-5 / n, speed)
     print(json.dumps({"bench": "aa_bank", "bank": str(out), "seeds": a.seeds,
                       "configurations": len(trials) // a.seeds,
                       "runs": len(trials)}))

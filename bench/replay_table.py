@@ -15,7 +15,8 @@ without --follow), and the profile within a budget of 2, 4 and 8 baseline runs (
 beside the one-seed grid within the same budget; `calibration` in the JSON holds the printed
 probabilities against how often they came true), and the budget's looks as a sequential
 decision capped at 12 or 10 (`profile.sequential`; `max-slower-12` lets the decision rule's
-"shown faster" pick too); the floor column is the bank's information floor (profile/floor.py); each one's `rlbatch replay --json` document is written to
+"shown faster" pick too; `-sure-90` goes on until a candidate pick is 0.9 likely within 5%
+of the fastest, `profile.budget_sure_within`); the floor column is the bank's information floor (profile/floor.py); each one's `rlbatch replay --json` document is written to
 `--out/NAME-VARIANT.json`.
 """
 
@@ -56,6 +57,9 @@ VARIANTS = {
     "sequential-12": ("full", ["profile.budget=12", "profile.sequential=true"]),
     "sequential-10": ("full", ["profile.budget=10", "profile.sequential=true"]),
     "max-slower-12": ("full", ["profile.budget=12", "profile.budget_max_slower=0.05"]),
+    # the same, going on until a candidate pick is 0.9 likely within 5% of the fastest
+    "sequential-12-sure-90": ("full", ["profile.budget=12", "profile.sequential=true",
+                                       "profile.budget_sure_within=0.9"]),
 }
 
 
@@ -90,7 +94,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     if a.source is not None:
-        docs = [json.loads(p.read_text()) for p in sorted(a.source.glob("*.json"))]
+        wanted = a.variants.split(",")
+        docs = [d for d in (json.loads(p.read_text()) for p in sorted(a.source.glob("*.json")))
+                if d["variant"] in wanted]
         order = list(VARIANTS)
         docs.sort(key=lambda d: (d["bank"], order.index(d["variant"])))
         return table(docs)
@@ -136,9 +142,35 @@ def table(docs: list[dict]) -> int:
                   f"{fmt(r.get('cost_over_floor'))} | "
                   f"{fmt(cov)}{f' ({n_cov})' if n_cov else ''} | "
                   f"{fmt(r.get('followed_next'))} |")
-    print(json.dumps({"bench": "replay_table", "rows": rows,
+    pooled = calibration(docs)
+    print(json.dumps({"bench": "replay_table", "rows": rows, "calibration": pooled,
                       "truth": {d["bank"]: d["truth"] for d in docs}}))
     return 0
+
+
+def calibration(docs: list[dict]) -> dict:
+    """The printed probabilities of the documents' budget rows pooled bin by bin (each bin:
+    replicates, their mean printed value, how often the event happened), printed as a
+    table when there are any."""
+    pooled: dict = {}
+    for d in docs:
+        row = next(r for r in d["strategies"] if r["strategy"] == VARIANTS[d["variant"]][0])
+        for name, bins in (row.get("calibration") or {}).items():
+            for b in bins:
+                acc = pooled.setdefault(name, {}).setdefault(tuple(b["bin"]), [0, 0.0, 0.0])
+                acc[0] += b["replicates"]
+                acc[1] += b["mean_printed"] * b["replicates"]
+                acc[2] += b["frequency"] * b["replicates"]
+    out = {name: [{"bin": list(k), "replicates": n, "mean_printed": p / n, "frequency": f / n}
+                  for k, (n, p, f) in sorted(bins.items()) if n]
+           for name, bins in pooled.items()}
+    if out:
+        print("\n| probability | bin | replicates | mean printed | happened |\n|---|---|---|---|---|")
+        for name, bins in out.items():
+            for i, b in enumerate(bins):
+                print(f"| {name if i == 0 else ''} | {b['bin'][0]:.1f}-{b['bin'][1]:.1f} | "
+                      f"{b['replicates']} | {b['mean_printed']:.2f} | {b['frequency']:.2f} |")
+    return out
 
 
 if __name__ == "__main__":

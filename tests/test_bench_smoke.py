@@ -100,6 +100,36 @@ def test_aa_bank_writes_a_bank_whose_truth_is_one_and_replay_reads_it(tmp_path):
     assert all(sorted(bank.runs[k]) == [0, 1] for k in keys)
 
 
+def test_a_planted_bank_has_the_t_ratios_it_was_given(tmp_path):
+    """bench/aa_bank.py --t-ratio (the planted bank of docs/analysis.md, "A budget as a
+    sequential decision"): with the run-to-run spread near 0, the bank's truth gives each
+    configuration its planted T ratio and the same N*, none departed; a list of the wrong
+    length is one line and exit 2."""
+    from rlbatch.core.loading import load_config
+    from rlbatch.profile.bank import load_bank
+    from rlbatch.profile.replay import profile_keys
+    from rlbatch.profile.replay_truth import attach_crossings, bank_truth
+
+    config = str(BENCH / "banks" / "no-saving.yaml")
+    args = [sys.executable, str(BENCH / "aa_bank.py"), config, "--seeds", "2", "--sd-nstar",
+            "0.001", "--sd-q", "0.001"]
+    proc = subprocess.run([*args, "--t-ratio", "1,0.85,0.7,0.76,1", "--out",
+                           str(tmp_path / "p")], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = load_config(config)
+    bank = load_bank(tmp_path / "p")
+    attach_crossings(bank, cfg)
+    rows = bank_truth(cfg, bank, profile_keys(cfg))["configs"]
+    got = [r["time_ratio"] for r in rows]
+    assert got == pytest.approx([1.0, 0.85, 0.7, 0.76, 1.0], abs=0.005)
+    assert all(r["samples_ratio"] == pytest.approx(1.0, abs=0.005) for r in rows)
+    assert all(r["verdict"] in ("reference", "aligned") for r in rows)
+    bad = subprocess.run([*args, "--t-ratio", "1,0.85", "--out", str(tmp_path / "q")],
+                         cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
+    assert bad.returncode == 2 and "--t-ratio" in bad.stderr and not (tmp_path / "q").exists()
+
+
 def _eval_noise():
     import importlib.util
 

@@ -197,8 +197,8 @@ def test_a_look_is_taken_only_while_the_budget_pays_for_it_and_the_pick_is_unsur
 
 def test_once_the_pick_is_sure_to_be_faster_its_rival_gets_the_seeds_and_the_baseline_rests():
     """Baseline 6 seeds at ~100 s; c 4 seeds at ~50 s and d 1 seed at 52 s: c's lead over
-    the baseline is settled (P(slower) <= 0.05) but not whether it is within 5% of d, so
-    the next look runs c and d and no baseline seed. With the baseline at 55 s instead, the
+    the baseline is settled (P(slower) <= 0.05) but not, at 0.9, whether it is within 5% of
+    d, so the next look runs c and d and no baseline seed. With the baseline at 55 s instead, the
     question is against the baseline, which runs beside the pick."""
     base = entry("b", 128, [100.0, 104.0, 97.0, 101.0, 99.0, 103.0])
     c = entry("c", 256, [50.0, 52.0, 49.0, 51.0])
@@ -208,10 +208,11 @@ def test_once_the_pick_is_sure_to_be_faster_its_rival_gets_the_seeds_and_the_bas
     chosen, _ = budget.pick(r, probs, max_slower=0.05)
     rows = {x["config"]: x for x in probs["configs"]}
     assert chosen["config"] in ("c", "d") and chosen["p_slower_than_baseline"] <= 0.05
-    assert chosen["p_within_5pct"] < budget.SURE_WITHIN
+    assert chosen["p_within_5pct"] < 0.9
     looked = budget.look_configs(probs, chosen)
     assert {x["config"] for x in looked} == {"c", "d"}
-    sets, why, rival = budget.next_look(r, probs, chosen, seeds=6, spent=0.0, limit=1e9)
+    sets, why, rival = budget.next_look(r, probs, chosen, seeds=6, spent=0.0, limit=1e9,
+                                        sure_within=0.9)
     assert sets == {"profile.seeds": 7} and rival == chosen["config"]
     assert "baseline" not in why and "B=256 and B=512" in why.replace("B=512 and B=256",
                                                                       "B=256 and B=512")
@@ -298,13 +299,15 @@ def test_looks_within_a_budget_spend_at_most_it_and_give_seeds_to_the_baseline_a
 
 def test_a_look_whose_baseline_rests_starts_no_baseline_seed(tmp_path):
     """B = 256 at twice the baseline's throughput, B = 512 at 2.2 times: once the pick is
-    sure to be faster than the baseline, the next look runs the two candidates only, and
-    the baseline's seeds stay those it had."""
+    sure to be faster than the baseline (and, at profile.budget_sure_within 0.9, not yet
+    sure to be within 5% of the other), the next look runs the two candidates only, and the
+    baseline's seeds stay those it had."""
     path = config_file(tmp_path, "profile.prompts_per_step=[32,64]")
     cfg = replay_config(load_config(str(path)))
     write_bank(cfg, tmp_path / "bank", range(12), {128: 100.0, 256: 200.0, 512: 220.0})
     bank = load_bank(tmp_path / "bank")
-    current = with_sets(cfg, {"profile.budget": 10.0, "profile.budget_max_slower": 0.05})
+    current = with_sets(cfg, {"profile.budget": 10.0, "profile.budget_max_slower": 0.05,
+                              "profile.budget_sure_within": 0.9})
     out = tmp_path / "profile"
     rested = []
     for _ in range(budget.follows(current.profile, 0) + 1):
@@ -325,23 +328,51 @@ def test_a_look_whose_baseline_rests_starts_no_baseline_seed(tmp_path):
     assert True in rested[:-1]  # a look ran the candidates only
 
 
+def sequential_looks(budget_bank, name: str, sets: dict) -> list[dict]:
+    """`decision.budget` of each look of a sequential profile with a cap of 8 baseline runs
+    on `budget_bank`, followed as `rlbatch profile --budget` follows it."""
+    cfg, bank, tmp = budget_bank
+    current = with_sets(cfg, {"profile.budget": 8.0, "profile.sequential": True, **sets})
+    looks = []
+    for _ in range(budget.follows(current.profile, 0) + 1):
+        doc = run_profile(current, tmp / name, ReplayExecutor(bank, {s: s for s in range(10)}),
+                          poll_s=0.0)
+        looks.append(doc["decision"]["budget"])
+        nxt = next_sets(doc, "full")
+        if nxt is None:
+            break
+        current = with_sets(current, nxt)
+    return looks
+
+
 def test_a_sequential_profile_picks_only_a_candidate_at_most_5pct_likely_slower(budget_bank):
     """profile.sequential on the bank where B = 256 takes half the baseline's time: every
     look's pick is the baseline or a candidate the draws put at most 5% likely slower, and
     the last look, within the cap, picks B = 256."""
-    cfg, bank, tmp = budget_bank
-    current = with_sets(cfg, {"profile.budget": 8.0, "profile.sequential": True})
-    out = tmp / "profile-sequential"
-    for _ in range(budget.follows(current.profile, 0) + 1):
-        doc = run_profile(current, out, ReplayExecutor(bank, {s: s for s in range(10)}),
-                          poll_s=0.0)
-        b = doc["decision"]["budget"]
+    looks = sequential_looks(budget_bank, "profile-sequential", {})
+    for b in looks:
         assert b["is_reference"] or b["p_slower_than_baseline"] <= budget.SURE_SLOWER
-        sets = next_sets(doc, "full")
-        if sets is None:
-            break
-        current = with_sets(current, sets)
-    assert b["pick_sequences_per_step"] == 256 and not b["is_reference"]
+    assert looks[-1]["pick_sequences_per_step"] == 256 and not looks[-1]["is_reference"]
+
+
+def test_a_lower_sure_within_stops_the_same_looks_sooner(tmp_path):
+    """profile.budget_sure_within only decides when a candidate's looks stop: on a bank where
+    B = 256 and B = 512 both take about half the baseline's time, at 0.05 the looks are a
+    prefix of those at 0.9 (the same seeds, the same picks), ending at the first look whose
+    pick is a candidate at most 5% likely slower than the baseline, with its reason."""
+    path = config_file(tmp_path, "profile.prompts_per_step=[32,64]")
+    cfg = replay_config(load_config(str(path)))
+    write_bank(cfg, tmp_path / "bank", range(10), {128: 100.0, 256: 200.0, 512: 195.0})
+    close = (cfg, load_bank(tmp_path / "bank"), tmp_path)
+    high = sequential_looks(close, "sure-high", {"profile.budget_sure_within": 0.9})
+    low = sequential_looks(close, "sure-low", {"profile.budget_sure_within": 0.05})
+    assert len(low) < len(high)
+    key = [(b["pick"], round(b["spent_s"], 6)) for b in high]
+    assert [(b["pick"], round(b["spent_s"], 6)) for b in low] == key[:len(low)]
+    last = low[-1]
+    assert not last["is_reference"] and last["p_slower_than_baseline"] <= budget.SURE_SLOWER
+    assert last["next"].startswith("sure enough") and ">= 0.05" in last["next"]
+    assert all(b["next_set"] for b in low[:-1])
 
 
 def test_a_replay_within_a_budget_scores_its_probabilities_beside_the_grid_within_it(
@@ -444,6 +475,20 @@ def test_rlbatch_replay_budget_prints_the_grid_within_it_and_the_calibration(bud
     assert "full p within 5pct, printed against replayed: " in out
     code, _, err = run_cli(["replay", path, tmp / "bank", "--budget", "3x"], capsys)
     assert code == 2 and "--budget" in err
+    code, out, err = run_cli(["replay", path, tmp / "bank", "--budget", "3", "--sequential",
+                              "--replicates", "2"], capsys)
+    assert code == 0, err
+    assert "one_seed_grid_budget_3" in out
+    code, _, err = run_cli(["replay", path, tmp / "bank", "--sequential"], capsys)
+    assert code == 2 and "profile.sequential" in err and "cap" in err
+
+
+def test_sequential_on_the_command_line_stands_for_the_config_key():
+    from rlbatch.cli.profile_cmds import budget_overrides
+
+    assert budget_overrides("12", True) == ["profile.sequential=true", "profile.budget=12.0"]
+    assert budget_overrides("90m", False) == ["profile.budget_seconds=5400.0"]
+    assert budget_overrides(None, True) == ["profile.sequential=true"]
 
 
 def test_a_budget_in_seconds_below_one_baseline_run_says_so(budget_bank):

@@ -76,18 +76,30 @@ BudgetOption = typer.Option(
     "configuration; it then adds seeds to the baseline and the likeliest fastest (once that "
     "one is sure to be faster, to it and its likeliest rival) while the budget pays, and "
     "prints a pick with P(slower than the baseline) (docs/analysis.md, 'A budget'); with "
-    "--set profile.sequential=true the pick is a decision at 5%")
+    "--sequential the pick is a decision at 5%")
+
+StrategyOption = typer.Option(
+    None, help="full (every candidate towards the target) | probe (short probes, predicted "
+    "time to target, only the predicted winner run to the target)")
+
+SequentialOption = typer.Option(
+    False, "--sequential", help="with --budget as its cap, the pick is a decision: a "
+    "candidate only once it is at most 5% likely slower than the baseline, else the "
+    "baseline; it stops as soon as it can (profile.sequential; docs/analysis.md, 'A budget "
+    "as a sequential decision')")
 
 
-def budget_overrides(text: str | None) -> list[str]:
-    """The `--set`s `--budget` stands for (profile.budget or profile.budget_seconds)."""
+def budget_overrides(text: str | None, sequential: bool = False) -> list[str]:
+    """The `--set`s `--budget` and `--sequential` stand for (profile.budget or
+    profile.budget_seconds; profile.sequential)."""
     from rlbatch.profile.budget import parse_budget
 
+    seq = ["profile.sequential=true"] if sequential else []
     if text is None:
-        return []
+        return seq
     runs, seconds = parse_budget(text)
-    return [f"profile.budget={runs}"] if runs is not None else [
-        f"profile.budget_seconds={seconds}"]
+    return seq + ([f"profile.budget={runs}"] if runs is not None else [
+        f"profile.budget_seconds={seconds}"])
 
 
 def profile(
@@ -114,12 +126,11 @@ def profile(
     trial_cpus: float = typer.Option(1.0, help="ray, ray-job: CPUs a trial asks for"),
     trial_gpus: float = typer.Option(0.0, help=TRIAL_GPUS_HELP),
     workers: int | None = typer.Option(None, help="trials at once (default: profile.workers)"),
-    strategy: str | None = typer.Option(
-        None, help="full (every candidate towards the target) | probe (short probes, "
-        "predicted time to target, only the predicted winner run to the target)"),
+    strategy: str | None = StrategyOption,
     out: str | None = typer.Option(None, "--out", help="profile directory"),
     follow: int = FollowOption,
     budget: str | None = BudgetOption,
+    sequential: bool = SequentialOption,
     as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
 ) -> None:
     """Find the configuration with the lowest time to target: the baseline, sqrt-scaled
@@ -137,7 +148,7 @@ def profile(
     overrides = list(set_ or []) + _flag_overrides(
         batches=batches, concurrency=concurrency, seeds=seeds, workers=workers,
         backend=backend, strategy=strategy, budget_train_s=budget_train_s) + \
-        budget_overrides(budget)
+        budget_overrides(budget, sequential)
     _require_config(ctx, config, preset)
     cfg = resolve(config, preset, overrides)
     _check_before_writing(cfg, executor, trial_gpus)

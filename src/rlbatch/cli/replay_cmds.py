@@ -59,6 +59,9 @@ def replay(
         None, "--budget", help="replay `rlbatch profile --budget N` (baseline runs; its "
         "looks follow the budget, not --follow), beside the one-seed grid within the same "
         "budget"),
+    sequential: bool = typer.Option(
+        False, "--sequential", help="replay `rlbatch profile --budget N --sequential`: the "
+        "budget's looks as a decision, the budget its cap"),
     as_json: bool = typer.Option(False, "--json", help="print the scores as JSON (last line)"),
 ) -> None:
     """What would the profile have decided on these runs, and how often would it have been
@@ -85,7 +88,7 @@ def replay(
         raise ConfigError("--follow: give 0 or more")
     from rlbatch.cli.profile_cmds import budget_overrides
 
-    cfg = resolve(config, None, list(set_ or []) + budget_overrides(budget))
+    cfg = resolve(config, None, list(set_ or []) + budget_overrides(budget, sequential))
     say = (lambda line: print(line, file=sys.stderr, flush=True))
     strategies = list(STRATEGIES) if strategy == "all" else [strategy]
     doc = run_replay(cfg, bank_dir, strategies, replicates, seed=seed, follow=follow, say=say)

@@ -55,6 +55,11 @@ class ProfileConfig(StrictModel):
     budget_max_slower: float = Field(
         0.25, gt=0, lt=1, description="a budget's pick: a candidate more likely than this to "
         "be slower than the baseline gives way to the baseline")
+    budget_sure_within: float = Field(
+        0.5, gt=0, lt=1, description="a budget's looks stop once a candidate pick is at most "
+        "5% likely slower than the baseline and at least this likely within 5% of the "
+        "fastest (keeping the baseline needs 0.9); higher goes on to tell the candidates "
+        "apart, at a cost measured in docs/analysis.md, 'A budget as a sequential decision'")
     sequential: bool = Field(
         False, description="the budget's looks as a sequential decision, the budget its "
         "cap: a candidate is picked only when the draws put it at most 5% likely slower "

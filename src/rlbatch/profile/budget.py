@@ -31,8 +31,10 @@ from rlbatch.core.errors import UserError
 WITHIN = 1.05
 DRAWS = 4000
 PRIOR_DF = 4
-SURE_WITHIN = 0.9  # a look is not followed once the pick is this likely within 5% ...
-SURE_SLOWER = 0.05  # ... and at most this likely slower than the baseline
+SURE_SLOWER = 0.05  # a look is not followed once a candidate pick is at most this likely
+# slower than the baseline and at least profile.budget_sure_within likely within 5% of the
+# fastest, or once the baseline is at least SURE_BASELINE likely within 5% of the fastest
+SURE_BASELINE = 0.9
 OUT = ("too_easy", "diverged")  # verdicts the pick never takes
 PRIOR_TAU = 0.3  # sd of the candidates' mean log T around their common mean
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -253,7 +255,8 @@ def pick(result: dict, probs: dict, max_slower: float,
 
 
 def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: float,
-              limit: float | None) -> tuple[dict | None, str, str | None]:
+              limit: float | None, sure_within: float = 0.5
+              ) -> tuple[dict | None, str, str | None]:
     """({"profile.seeds": n} for the next look, or None; why in words; its challenger):
     one more seed of the configurations whose question is open (`look_configs`), at the
     seeds the look needs to bring each to `seeds` + 1, when their projected cost fits in
@@ -262,9 +265,10 @@ def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: flo
     if not rows[1:]:
         return None, "no candidate is left to compare", None
     slower = chosen.get("p_slower_than_baseline")
-    if chosen["p_within_5pct"] >= SURE_WITHIN and (slower is None or slower <= SURE_SLOWER):
+    need = SURE_BASELINE if slower is None else sure_within
+    if chosen["p_within_5pct"] >= need and (slower is None or slower <= SURE_SLOWER):
         return None, (f"sure enough: P(within 5%) {chosen['p_within_5pct']:.2f} >= "
-                      f"{SURE_WITHIN}" + ("" if slower is None else
+                      f"{need:g}" + ("" if slower is None else
                                           f", P(slower) {slower:.2f} <= {SURE_SLOWER}")), None
     if limit is None:
         return None, "no budget", None
@@ -313,7 +317,7 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
                        else prof.budget_max_slower, prof.sequential)
     lim = limit_s(prof, base_time)
     sets, look_why, rival = next_look(result, probs, chosen, seeds=prof.seeds, spent=spent,
-                                      limit=lim)
+                                      limit=lim, sure_within=prof.budget_sure_within)
     looked = look_configs(probs, chosen) if sets else []
     return {"budget_runs": prof.budget, "budget_seconds": prof.budget_seconds,
             "limit_s": lim, "spent_s": spent,
