@@ -525,3 +525,33 @@ def test_the_grid_with_a_margin_picks_a_candidate_only_below_margin_times_the_ba
     assert grid_within(truth, bank, keys, 50, rnd.Random(2), 3.0, 0.9)["recommends"] == 1.0
     never = grid_within(truth, bank, keys, 50, rnd.Random(2), 3.0, 0.1)
     assert never["recommends"] == 0.0 and never["slower_than_baseline"] == 0.0
+
+
+def test_a_profile_stopped_by_its_cap_prints_the_budget_that_pays_for_its_next_look(
+        budget_bank, monkeypatch):
+    """At --budget 2 the looks stop because the cap cannot pay for the next one: the command
+    printed to continue is the same one with the budget that pays for it (not the decision
+    rule's seeds, which the spent budget would refuse), and re-run at that budget on the
+    same folder the profile takes that look. A profile that stopped because it is sure
+    enough prints no command."""
+    from rlbatch.cli import common, profile_cmds
+
+    cfg, bank, tmp = budget_bank
+    out = tmp / "capped"
+    doc = run_profile(with_sets(cfg, {"profile.budget": 2.0}), out,
+                      ReplayExecutor(bank, {s: s for s in range(10)}), poll_s=0.0)
+    b = doc["decision"]["budget"]
+    assert b["next_set"] is None and b["next"].startswith("the budget cannot pay")
+    more = math.ceil(b["next_look_budget_runs"] * 10) / 10
+    assert more > 2.0
+    monkeypatch.setattr(common, "INVOKED", ["profile", "cfg.yaml", "--budget", "2",
+                                            "--sequential", "--out", str(out)])
+    assert profile_cmds._next_command(doc, str(out)) == (
+        f"rlbatch profile cfg.yaml --sequential --budget {more:g} --out {out}")
+    again = run_profile(with_sets(cfg, {"profile.budget": more}), out,
+                        ReplayExecutor(bank, {s: s for s in range(10)}), poll_s=0.0)
+    assert again["decision"]["next_set"] == {"profile.seeds": cfg.profile.seeds + 1}
+    sure = sequential_looks(budget_bank, "sure", {"profile.budget_sure_within": 0.9})[-1]
+    assert sure["next"].startswith("sure enough") and sure["next_look_budget_runs"] is None
+    assert profile_cmds._next_command({"decision": {"budget": sure, "next_set": None}},
+                                      str(out)) is None

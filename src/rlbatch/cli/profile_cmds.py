@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import shlex
 import sys
 
@@ -265,12 +266,13 @@ def _flag_overrides(*, batches, concurrency, seeds, workers, backend, strategy,
 
 
 def continue_command(argv: list[str], out_dir: str, seeds: int | None = None,
-                     sets: dict | None = None) -> str:
+                     sets: dict | None = None, budget: str | None = None) -> str:
     """The command that continues this profile folder with the same settings: `argv` (the
     arguments after `rlbatch`) with `--out` made explicit, `--seeds` replaced by `seeds`,
-    and a `--set KEY=VALUE` for each of `sets` (after the user's, so it wins)."""
+    `--budget` by `budget`, and a `--set KEY=VALUE` for each of `sets` (after the user's,
+    so it wins)."""
     args, i = [], 0
-    drop_value = {"--seeds", "--out"}
+    drop_value = {"--seeds", "--out"} | ({"--budget"} if budget is not None else set())
     while i < len(argv):
         a = argv[i]
         if a in drop_value:
@@ -283,6 +285,8 @@ def continue_command(argv: list[str], out_dir: str, seeds: int | None = None,
         i += 1
     if seeds is not None:
         args += ["--seeds", str(seeds)]
+    if budget is not None:
+        args += ["--budget", budget]
     for k, v in (sets or {}).items():
         args += ["--set", f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"]
     args += ["--out", out_dir]
@@ -291,6 +295,11 @@ def continue_command(argv: list[str], out_dir: str, seeds: int | None = None,
 
 def _next_command(doc: dict, out_dir: str) -> str | None:
     d = doc.get("decision") or {}
+    b = d.get("budget")
+    if b and not d.get("next_set"):  # within a budget only the budget's look is followed
+        more = b.get("next_look_budget_runs")
+        return None if not more else continue_command(
+            common.INVOKED, out_dir, budget=f"{math.ceil(more * 10) / 10:g}")
     if d.get("next_set") and set(d["next_set"]) == {"profile.seeds"}:
         return continue_command(common.INVOKED, out_dir, seeds=d["next_set"]["profile.seeds"])
     if d.get("next_set"):

@@ -272,13 +272,9 @@ def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: flo
                                           f", P(slower) {slower:.2f} <= {SURE_SLOWER}")), None
     if limit is None:
         return None, "no budget", None
-    by = {e["config"]: e for e in result["configs"]}
-    base = by[rows[0]["config"]]
     looked = look_configs(probs, chosen)
     want = seeds + 1
-    cost = sum(max(0, want - by[r["config"]]["seeds"])
-               * (by[r["config"]]["time_to_target"] or base["time_to_target"])
-               for r in looked)  # a configuration none of whose runs crossed: at most that
+    cost = look_cost(result, probs, looked, want)
     names = " and ".join("the baseline" if r is rows[0] else f"B={r['sequences_per_step']}"
                          for r in looked)
     if spent + cost > limit:
@@ -287,6 +283,17 @@ def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: flo
     rival = next(r for r in looked if r is not rows[0])
     return {"profile.seeds": want}, (f"one more seed of {names} (projected {cost:,.1f} s of "
                                      f"the {limit - spent:,.1f} s left)"), rival["config"]
+
+
+def look_cost(result: dict, probs: dict, looked: list[dict], want: int) -> float:
+    """Projected training seconds to bring each configuration of `looked` to `want` seeds,
+    each seed at its configuration's time to target (a configuration none of whose runs
+    crossed: at most the baseline's)."""
+    by = {e["config"]: e for e in result["configs"]}
+    base = by[probs["configs"][0]["config"]]
+    return sum(max(0, want - by[r["config"]]["seeds"])
+               * (by[r["config"]]["time_to_target"] or base["time_to_target"])
+               for r in looked)
 
 
 def look_configs(probs: dict, chosen: dict) -> list[dict]:
@@ -319,6 +326,10 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
     sets, look_why, rival = next_look(result, probs, chosen, seeds=prof.seeds, spent=spent,
                                       limit=lim, sure_within=prof.budget_sure_within)
     looked = look_configs(probs, chosen) if sets else []
+    paying = None  # the budget, in baseline runs, that would pay for the look the cap refused
+    if not sets and look_why.startswith("the budget cannot pay") and base_time:
+        cost = look_cost(result, probs, look_configs(probs, chosen), prof.seeds + 1)
+        paying = (spent + cost) / base_time
     return {"budget_runs": prof.budget, "budget_seconds": prof.budget_seconds,
             "limit_s": lim, "spent_s": spent,
             "spent_runs": spent / base_time if base_time else None,
@@ -329,7 +340,7 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
             "probabilities": probs, "next_set": sets, "challenger": rival,
             "look_configs": [r["config"] for r in looked if r is not probs["configs"][0]],
             "baseline_rests": bool(looked) and looked[0] is not probs["configs"][0],
-            "next": look_why}
+            "next": look_why, "next_look_budget_runs": paying}
 
 
 def lines(b: dict) -> list[str]:
