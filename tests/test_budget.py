@@ -551,6 +551,16 @@ def test_a_profile_stopped_by_its_cap_prints_the_budget_that_pays_for_its_next_l
     again = run_profile(with_sets(cfg, {"profile.budget": more}), out,
                         ReplayExecutor(bank, {s: s for s in range(10)}), poll_s=0.0)
     assert again["decision"]["next_set"] == {"profile.seeds": cfg.profile.seeds + 1}
+    secs = tmp / "capped-s"  # a budget in seconds is continued in seconds
+    limit = 2.0 * b["spent_s"] / b["spent_runs"]
+    doc_s = run_profile(with_sets(cfg, {"profile.budget_seconds": limit}), secs,
+                        ReplayExecutor(bank, {s: s for s in range(10)}), poll_s=0.0)
+    need = math.ceil(doc_s["decision"]["budget"]["next_look_budget_s"])
+    assert need > limit
+    monkeypatch.setattr(common, "INVOKED", ["profile", "cfg.yaml", "--budget", "2m",
+                                            "--out", str(secs)])
+    assert profile_cmds._next_command(doc_s, str(secs)) == (
+        f"rlbatch profile cfg.yaml --budget {need}s --out {secs}")
     sure = sequential_looks(budget_bank, "sure", {"profile.budget_sure_within": 0.9})[-1]
     assert sure["next"].startswith("sure enough") and sure["next_look_budget_runs"] is None
     assert profile_cmds._next_command({"decision": {"budget": sure, "next_set": None}},

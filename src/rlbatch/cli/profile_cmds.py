@@ -297,9 +297,11 @@ def _next_command(doc: dict, out_dir: str) -> str | None:
     d = doc.get("decision") or {}
     b = d.get("budget")
     if b and not d.get("next_set"):  # within a budget only the budget's look is followed
-        more = b.get("next_look_budget_runs")
-        return None if not more else continue_command(
-            common.INVOKED, out_dir, budget=f"{math.ceil(more * 10) / 10:g}")
+        if not b.get("next_look_budget_s"):
+            return None
+        more = (f"{math.ceil(b['next_look_budget_s'])}s" if b["budget_seconds"] is not None
+                else f"{math.ceil(b['next_look_budget_runs'] * 10) / 10:g}")
+        return continue_command(common.INVOKED, out_dir, budget=more)
     if d.get("next_set") and set(d["next_set"]) == {"profile.seeds"}:
         return continue_command(common.INVOKED, out_dir, seeds=d["next_set"]["profile.seeds"])
     if d.get("next_set"):

@@ -326,10 +326,9 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
     sets, look_why, rival = next_look(result, probs, chosen, seeds=prof.seeds, spent=spent,
                                       limit=lim, sure_within=prof.budget_sure_within)
     looked = look_configs(probs, chosen) if sets else []
-    paying = None  # the budget, in baseline runs, that would pay for the look the cap refused
+    paying = None  # the budget, in training seconds, that pays for the look the cap refused
     if not sets and look_why.startswith("the budget cannot pay") and base_time:
-        cost = look_cost(result, probs, look_configs(probs, chosen), prof.seeds + 1)
-        paying = (spent + cost) / base_time
+        paying = spent + look_cost(result, probs, look_configs(probs, chosen), prof.seeds + 1)
     return {"budget_runs": prof.budget, "budget_seconds": prof.budget_seconds,
             "limit_s": lim, "spent_s": spent,
             "spent_runs": spent / base_time if base_time else None,
@@ -340,7 +339,8 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
             "probabilities": probs, "next_set": sets, "challenger": rival,
             "look_configs": [r["config"] for r in looked if r is not probs["configs"][0]],
             "baseline_rests": bool(looked) and looked[0] is not probs["configs"][0],
-            "next": look_why, "next_look_budget_runs": paying}
+            "next": look_why, "next_look_budget_s": paying,
+            "next_look_budget_runs": paying / base_time if paying else None}
 
 
 def lines(b: dict) -> list[str]:
