@@ -35,6 +35,7 @@ SURE_SLOWER = 0.05  # a look is not followed once a candidate pick is at most th
 # slower than the baseline and at least profile.budget_sure_within likely within 5% of the
 # fastest, or once the baseline is at least SURE_BASELINE likely within 5% of the fastest
 SURE_BASELINE = 0.9
+CANNOT_PAY = "the budget cannot pay"  # next_look's reason when the cap refuses the look
 OUT = ("too_easy", "diverged")  # verdicts the pick never takes
 PRIOR_TAU = 0.3  # sd of the candidates' mean log T around their common mean
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -278,7 +279,7 @@ def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: flo
     names = " and ".join("the baseline" if r is rows[0] else f"B={r['sequences_per_step']}"
                          for r in looked)
     if spent + cost > limit:
-        return None, (f"the budget cannot pay for another seed of {names} (projected "
+        return None, (f"{CANNOT_PAY} for another seed of {names} (projected "
                       f"{cost:,.1f} s, {max(0.0, limit - spent):,.1f} s left)"), None
     rival = next(r for r in looked if r is not rows[0])
     return {"profile.seeds": want}, (f"one more seed of {names} (projected {cost:,.1f} s of "
@@ -327,7 +328,7 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
                                       limit=lim, sure_within=prof.budget_sure_within)
     looked = look_configs(probs, chosen) if sets else []
     paying = None  # the budget, in training seconds, that pays for the look the cap refused
-    if not sets and look_why.startswith("the budget cannot pay") and base_time:
+    if not sets and look_why.startswith(CANNOT_PAY) and base_time:
         paying = spent + look_cost(result, probs, look_configs(probs, chosen), prof.seeds + 1)
     return {"budget_runs": prof.budget, "budget_seconds": prof.budget_seconds,
             "limit_s": lim, "spent_s": spent,
