@@ -91,6 +91,15 @@ def test_two_random_kills_resume_to_the_uninterrupted_log(tiny_model_dir, tmp_pa
     _kill_resume_compare(tmp_path, FAST, FAST_MARKS, phases, rng)
 
 
+def test_a_stale_run_killed_twice_resumes_to_the_uninterrupted_log(tiny_model_dir, tmp_path):
+    """Rollouts decoded two versions ahead (rollout.max_staleness=2): kills inside an
+    evaluation and inside a checkpoint write, while batches are pending on the worker; the
+    checkpoint's kept weights decode them again on resume, to the same log."""
+    rng = np.random.default_rng(KILL_SEED + 1)
+    phases = [str(p) for p in rng.permutation(["eval", "checkpoint"])]
+    _kill_resume_compare(tmp_path, [*FAST, "rollout.max_staleness=2"], FAST_MARKS, phases, rng)
+
+
 @pytest.mark.slow
 def test_five_random_kills_resume_to_the_uninterrupted_log(tiny_model_dir, tmp_path):
     """Five kills of a 24-step run: during start-up or restore, inside a step, inside an

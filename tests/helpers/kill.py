@@ -39,8 +39,9 @@ TIMING_KEYS = {"train_s", "eval_s", "checkpoint_s", "first_step_s", "throughput"
 
 
 def is_timing(key: str) -> bool:
-    """Wall-clock keys: phase times, cumulative seconds, per-second rates, timestamps."""
-    return key.startswith(TIMING_PREFIXES) or key in TIMING_KEYS or key.endswith("_per_s")
+    """Wall-clock keys: phase times, seconds (`*_s`: cumulative, or a batch's decoding
+    ahead), per-second rates, timestamps."""
+    return key.startswith(TIMING_PREFIXES) or key in TIMING_KEYS or key.endswith("_s")
 
 
 def stable(obj):

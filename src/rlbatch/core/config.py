@@ -99,6 +99,7 @@ class Config(StrictModel):
             raise ValueError("target.gain: OpenRLHF evaluates only after training steps, never "
                              "before training, so there is no start to measure a gain from; "
                              "set target.value to an absolute score (and target.gain: null)")
+        self._check_staleness()
         self.optimizer.resolve_lr(self.sequences_per_step, "optimizer")
         if self.algorithm == "ppo":
             self.critic.resolve_lr(self.sequences_per_step, "critic")
@@ -141,6 +142,21 @@ class Config(StrictModel):
                 f"set batch.micro_batch_sequences <= {critic_mini // 2} or fewer "
                 f"critic.minibatches_per_step (the critic's minibatch is {critic_mini} "
                 f"sequences){where}")
+
+    def _check_staleness(self) -> None:
+        """Rollouts ahead of the update are the built-in trainer's, at one B, decoded by an
+        engine that can run on a second copy of the model."""
+        if not self.rollout.max_staleness:
+            return
+        if self.backend != "builtin":
+            raise ValueError("rollout.max_staleness is the built-in trainer's: with backend: "
+                             f"{self.backend}, set the framework's own bound on staleness")
+        if self.batch.schedule is not None:
+            raise ValueError("rollout.max_staleness with batch.schedule is not supported: the "
+                             "rollouts decoded ahead need their B before the schedule sets it")
+        if self.rollout.engine != "builtin":
+            raise ValueError("rollout.max_staleness needs rollout.engine: builtin (its keyed "
+                             "sampling draws nothing from a generator two threads share)")
 
     def _check_schedule(self) -> None:
         """A schedule starts at the configured B, moves in whole groups, and scales the LR
@@ -241,5 +257,7 @@ class Config(StrictModel):
             del out["command"]
         if out["batch"]["schedule"] is None:  # absent unless set (run ids stay as they were)
             del out["batch"]["schedule"]
+        if not out["rollout"]["max_staleness"]:  # absent unless set (run ids stay as they were)
+            del out["rollout"]["max_staleness"]
         out["derived"] = self.derived()
         return out

@@ -26,6 +26,7 @@ from rlbatch.algos.advantages import gae, grpo_advantages, masked_whiten, outcom
 from rlbatch.algos.batch_schedule import adaptive_step, stepwise_sequences
 from rlbatch.algos.lr import crosses_mark, in_warmup, update_lrs
 from rlbatch.algos.noise_scale import NoiseScaleEMA
+from rlbatch.backends.builtin.ahead import Ahead
 from rlbatch.backends.builtin.batch import (
     build_batch,
     by_micro_batches,
@@ -116,6 +117,12 @@ class Trainer:
         self.critic_noise = NoiseScaleEMA(ns.ema) if ns.enabled and self.critic else None
         self.timer = PhaseTimer(sync=cuda_sync_or_none(self.device))
         self._encoded: dict[str, list[int]] = {}
+        self.ahead = None
+        if cfg.rollout.max_staleness:  # decode on a second thread, each side half the threads
+            threads = torch.get_num_threads()
+            torch.set_num_threads(max(1, threads - threads // 2))
+            self.ahead = Ahead(self.model, self.tok, cfg.rollout.engine,
+                               cfg.rollout.max_staleness, max(1, threads // 2))
         self._restore()
 
     # ---- setup / resume ----
@@ -130,6 +137,8 @@ class Trainer:
             for ema, key in ((self.actor_noise, "actor_noise"), (self.critic_noise, "critic_noise")):
                 if ema is not None and key in extra:
                     ema.load_state_dict(extra[key])
+            if self.ahead is not None:
+                self.ahead.restore(extra.get("ahead"))
         st.truncate_logs()
         self.rewards.log.seen |= {fault_key(*kind_message)
                                   for kind_message in st.logged_reward_faults()}
@@ -151,13 +160,17 @@ class Trainer:
         st, cfg = self.state, self.cfg
         if st.c.step == 0 and cfg.eval.at_start and not st.c.evals_done:
             self._evaluate()
-        while st.status == "running":
-            row = self._step()
-            st.log_step(row)
-            self.trackers.log(row)
-            self.cb("step", row)
-            if st.after_step(self._evaluate):
-                self._checkpoint()
+        try:
+            while st.status == "running":
+                row = self._step()
+                st.log_step(row)
+                self.trackers.log(row)
+                self.cb("step", row)
+                if st.after_step(self._evaluate):
+                    self._checkpoint()
+        finally:
+            if self.ahead is not None:
+                self.ahead.close()
         self.trackers.close()
         return st.finish()
 
@@ -200,14 +213,11 @@ class Trainer:
         B, G = self._batch_now(), cfg.batch.samples_per_prompt
         P = B // G
         t_step = time.perf_counter()
-        with timer.phase("rollout"):
-            examples = [next(self.stream) for _ in range(P)]
-            prompt_ids = [self._ids(e) for e in examples for _ in range(G)]
-            keys = response_keys(cfg.seed, 0, st.c.consumed, P, G)  # C changes no response
-            ro = self.engine.generate(prompt_ids, self._sampling(), cfg.rollout.generation_concurrency,
-                                      generator=self.gen, keys=keys)
-            if cfg.rollout.simulated_latency_s:
-                time.sleep(cfg.rollout.simulated_latency_s)
+        if self.ahead is None:
+            examples, prompt_ids, ro = self._rollout_now(P, G)
+            stale, carried = {}, 0.0
+        else:
+            examples, prompt_ids, ro, stale, carried = self._rollout_ahead(P, G)
         with timer.phase("reward"):
             rewards, unscorable, faults = self._score(
                 ro, [e for e in examples for _ in range(G)], st.c.consumed, G, "train")
@@ -230,7 +240,7 @@ class Trainer:
         stats, skipped = self._updates(batch, rewards, old_logp, ref_logp, samples_after, B,
                                        valid=None if drop is None else ~drop)
         times, _ = timer.end_step()
-        wall = time.perf_counter() - t_step
+        wall = time.perf_counter() - t_step + carried
         st.advance(P, len(prompt_ids), ro.tokens, wall, skipped)
         row = {"step": st.c.step, "samples": st.c.samples, "prompts": st.c.prompts,
                "tokens": st.c.tokens, "train_s": st.c.train_s}
@@ -245,16 +255,54 @@ class Trainer:
                     "response/p50_length": float(torch.quantile(lengths, 0.5)),
                     "response/p90_length": float(torch.quantile(lengths, 0.9)),
                     "response/max_length": float(lengths.max()),
-                    "rollout/tokens_per_s": ro.tokens / max(times["rollout"], 1e-9),
+                    "rollout/tokens_per_s": ro.tokens / max(stale.get("rollout/decode_s",
+                                                                      times["rollout"]), 1e-9),
                     "rollout/concurrency": ro.timing.get("concurrency")})
         if ro.timing.get("decode_s"):  # engines that time their decode steps (built-in)
             row["rollout/low_concurrency_share"] = (ro.timing.get("decode_low_s", 0.0)
                                                     / ro.timing["decode_s"])
+        row.update(stale)
         row.update(stats)
         row.update(self._fault_stats(faults, rewards, drop))
         row.update({"actor/nonfinite_skipped": skipped, "batch/sequences_per_step": B,
                     "batch/prompts_per_step": P, **self._adapt(B)})
         return row
+
+    def _rollout_now(self, P: int, G: int) -> tuple[list, list, object]:
+        """This step's batch, decoded now by the current policy (timed as `rollout`)."""
+        cfg, st = self.cfg, self.state
+        with self.timer.phase("rollout"):
+            examples = [next(self.stream) for _ in range(P)]
+            prompt_ids = [self._ids(e) for e in examples for _ in range(G)]
+            keys = response_keys(cfg.seed, 0, st.c.consumed, P, G)  # C changes no response
+            ro = self.engine.generate(prompt_ids, self._sampling(), cfg.rollout.generation_concurrency,
+                                      generator=self.gen, keys=keys)
+            if cfg.rollout.simulated_latency_s:
+                time.sleep(cfg.rollout.simulated_latency_s)
+        return examples, prompt_ids, ro
+
+    def _rollout_ahead(self, P: int, G: int) -> tuple[list, list, object, dict, float]:
+        """This step's batch, decoded ahead by the policy `max_staleness` versions older
+        (backends/builtin/ahead.py), after submitting the batches up to that many steps
+        ahead. `rollout` is timed as the wait for it; returns the row's keys of the batch's
+        policy and the seconds of a drain carried into this step."""
+        cfg, st, a = self.cfg, self.state, self.ahead
+        while a.next_step(st.c.step) <= st.c.step + 1 + a.k:
+            step = a.next_step(st.c.step)
+            version = a.version_for(step)
+            first = st.c.consumed + a.prompts_pending()
+            examples = [next(self.stream) for _ in range(P)]
+            a.submit(step, version, a.weights_for(version, st.c.step, self.model), examples,
+                     [self._ids(e) for e in examples for _ in range(G)], self._sampling(),
+                     cfg.rollout.generation_concurrency, response_keys(cfg.seed, 0, first, P, G),
+                     cfg.rollout.simulated_latency_s)
+        carried = a.carry_s
+        got = a.take(st.c.step + 1)
+        self.timer.add("rollout", got.wait_s)
+        p = got.pending
+        return p.examples, p.prompt_ids, got.rollouts, {
+            "rollout/policy_version": p.version, "rollout/staleness": p.step - 1 - p.version,
+            "rollout/decode_s": got.decode_s}, carried
 
     def _sampling(self) -> SamplingParams:
         r = self.cfg.rollout
@@ -376,6 +424,8 @@ class Trainer:
     @torch.no_grad()
     def _evaluate(self) -> None:
         cfg, st = self.cfg, self.state
+        if self.ahead is not None:
+            self.ahead.drain()
         t0 = time.perf_counter()
         ev = cfg.eval
         examples = self.task.eval_set(ev.prompts)
@@ -415,6 +465,9 @@ class Trainer:
             extra["actor_noise"] = self.actor_noise.state_dict()
         if self.critic_noise is not None:
             extra["critic_noise"] = self.critic_noise.state_dict()
+        if self.ahead is not None:
+            self.ahead.drain()
+            extra["ahead"] = self.ahead.state()
         save_checkpoint(st.dir, model=self.model, optimizer=self.optimizer,
                         counters=st.counters_for_checkpoint(), generator=self.gen,
                         critic=self.critic, critic_optimizer=self.critic_opt, extra_state=extra)
