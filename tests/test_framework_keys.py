@@ -17,6 +17,7 @@ their own checks).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import re
 from pathlib import Path
@@ -42,8 +43,10 @@ def _specs(framework: str) -> list[TrialSpec]:
     base = {"framework": framework, "prompts": 64, "samples_per_prompt": 8, "minibatches": 4,
             "epochs": 2, "lr": 2e-6, "seed": 3, "eval_every_samples": 4096,
             "checkpoint_every_samples": 8192, "max_samples": 65536, "concurrency": 128}
+    stale = [TrialSpec(algorithm="grpo", critic_lr=None, staleness=2, **base)] \
+        if framework in ("openrlhf", "prime-rl") else []  # their own knob for it
     return [TrialSpec(algorithm="grpo", critic_lr=None, **base),
-            TrialSpec(algorithm="ppo", critic_lr=9e-6, **base)]
+            TrialSpec(algorithm="ppo", critic_lr=9e-6, **base), *stale]
 
 
 def _plan_settings(framework: str) -> list[dict]:
@@ -96,6 +99,37 @@ def test_verl_composes_every_override_of_a_trial_and_of_plan(tmp_path):
         _compose_verl(must + [f"{k}={v}" for k, v in settings.items()])
     with pytest.raises(ConfigCompositionException, match="Could not override"):
         _compose_verl([*must, "trainer.test_freqq=2"])  # the check can fail
+
+
+def test_verl_one_step_off_composes_every_override_of_a_trial_at_staleness_1(tmp_path,
+                                                                          monkeypatch):
+    """The one-step-off entry (rollout.max_staleness 1 on verl) runs the
+    `one_step_off_ppo_trainer` config, `ppo_trainer` under its own keys, searched for at
+    `verl/trainer/config` from where the command runs: a trial's overrides compose there
+    too, and the config says what makes it one step off (log-probabilities from the
+    rollout, its clip against them)."""
+    pytest.importorskip("hydra")
+    from hydra import compose, initialize_config_dir
+
+    root = _package_dir("verl")
+    monkeypatch.chdir(root.parent)  # its searchpath, file://verl/trainer/config
+    spec = _specs("verl")[0]
+    ln = launch(dataclasses.replace(spec, staleness=1),
+                ["python3", "-m", "verl.experimental.one_step_off_policy.main_ppo"],
+                tmp_path / "a", tmp_path)
+    appended = [w for w in ln.argv[3:] if not w.startswith("+")]
+    with initialize_config_dir(config_dir=str(root / "experimental" / "one_step_off_policy" /
+                                              "config"), version_base=None):
+        cfg = compose(config_name="one_step_off_ppo_trainer",
+                      overrides=["actor_rollout_ref.rollout.name=vllm", *appended])
+    for word in appended:
+        key, value = word.split("=", 1)
+        got = _select(cfg, key)
+        assert str(got).lower() == value.lower() or \
+            (isinstance(got, (int, float)) and float(got) == float(value)) or \
+            (key == "trainer.logger" and list(got) == ["console", "wandb", "file"]), (key, got)
+    assert _select(cfg, "actor_rollout_ref.rollout.calculate_log_probs") is True
+    assert _select(cfg, "algorithm.rollout_correction.bypass_mode") is True
 
 
 # ---------------------------------------------------------------- OpenRLHF

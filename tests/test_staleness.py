@@ -6,6 +6,8 @@ tests/test_kill.py::test_a_stale_run_killed_twice_resumes_to_the_uninterrupted_l
 from __future__ import annotations
 
 import json
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -110,7 +112,7 @@ def test_a_stale_run_logs_each_batchs_policy_version_and_repeats_itself(tiny_mod
 
 
 @pytest.mark.parametrize("sets, names", [
-    (["backend=trl"], "backend: trl"),
+    (["backend=trl"], "TRL backend"),
     (["rollout.engine=hf"], "rollout.engine"),
     (["batch.schedule.steps=[[0,64],[256,128]]"], "batch.schedule"),
     (["rollout.max_staleness=9"], "rollout.max_staleness"),
@@ -123,3 +125,85 @@ def test_staleness_where_it_cannot_run_is_refused(sets, names, tmp_path, capsys)
     assert names in err and "max_staleness" in err
     assert len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+# ---------------------------------------------------------------- staleness in the profile
+
+def _stale_bank(tmp_path: Path, seeds: int = 6):
+    """A bank of a profile crossing B0 = 128 and B = 256 with staleness 0 and 1, written
+    from known curves (no training): staleness 1 needs 1.1x the samples of its synchronous
+    twin and trains at 1.5x its throughput (T ratio 1.1 / 1.5 = 0.733 against the twin);
+    B = 256 at staleness 0 runs at 1.2x the baseline's throughput, at its samples."""
+    from helpers.banks import write_run
+    from rlbatch.core.loading import load_config
+    from rlbatch.profile.bank import bank_trials
+    from rlbatch.profile.replay import replay_config
+    from test_replay import config_file
+
+    path = config_file(tmp_path, "profile.max_staleness=[0,1]")
+    cfg = replay_config(load_config(str(path)))
+    speed = {(128, 0): 100.0, (128, 1): 150.0, (256, 0): 120.0, (256, 1): 180.0}
+    rng = random.Random(3)
+    noise = {s: (math.exp(rng.gauss(0, 0.15)), math.exp(rng.gauss(0, 0.1)))
+             for s in range(seeds)}
+    trials = bank_trials(cfg, tmp_path / "bank", list(range(seeds)))
+    for t in trials:
+        k = t.config.rollout.max_staleness
+        n, f = noise[t.seed]
+        write_run(t, cfg.budget.max_samples, 1e-4 / (n * (1.1 if k else 1.0)),
+                  speed[(t.sequences_per_step, k)] / f)
+    return path, cfg, trials
+
+
+def test_a_profile_crosses_its_batches_with_staleness(tmp_path):
+    """profile.max_staleness [0, 1]: the baseline at B0 and staleness 0; every candidate B,
+    and B0, at each staleness; the trial's config carries it (so its run id differs), and
+    the synchronous trials' configs are what they were without the key."""
+    _, _, trials = _stale_bank(tmp_path, seeds=1)
+    names = [t.name for t in trials]
+    assert names == ["base-P16-s0", "sqrt-P16-k1-s0", "sqrt-P32-s0", "sqrt-P32-k1-s0"]
+    assert [t.config.rollout.max_staleness for t in trials] == [0, 1, 0, 1]
+    assert "max_staleness" not in trials[2].config.resolved_dict()["rollout"]
+    assert len({t.run_id for t in trials}) == 4
+
+
+def test_the_analysis_separates_what_staleness_cost_from_what_it_bought(tmp_path, capsys):
+    """On the known bank: each stale configuration against its synchronous twin (at B0 the
+    baseline) shows N* ratio 1.1 (the samples it cost), throughput ratio 1.5 (what it
+    bought) and T ratio 0.733, and the stale ones stay out of the fits against B."""
+    _stale_bank(tmp_path)
+    code, out, err = run_cli(["analyze", tmp_path / "bank", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out.strip().splitlines()[-1])
+    stale = {c["sequences_per_step"]: c for c in doc["staleness"]}
+    assert set(stale) == {128, 256}
+    for c in stale.values():
+        assert c["staleness"] == 1
+        assert c["samples_ratio"] == pytest.approx(1.1, rel=0.02)
+        assert c["throughput_ratio"] == pytest.approx(1.5, rel=0.02)
+        assert c["time_ratio"] == pytest.approx(1.1 / 1.5, rel=0.03)
+        assert c["time_ratio_ci"][0] < c["time_ratio"] < c["time_ratio_ci"][1]
+    by_id = {e["config"]: e for e in doc["configs"]}
+    assert by_id[stale[128]["twin"]]["config"] == doc["reference"]["config"]
+    assert by_id[stale[256]["twin"]]["staleness"] == 0
+    assert doc["critical_batch"]["mccandlish_fit"]["points"] == 2  # B = 128 and 256, at 0
+    code, out, err = run_cli(["analyze", tmp_path / "bank"], capsys)
+    assert code == 0, err
+    assert "staleness 1 at B=256 vs its synchronous twin: N* ratio 1.1" in out
+    assert "decision: P=32 G=8 (B=256), lr=0.000141, rollout.max_staleness=1:" in out
+
+
+def test_a_replay_keys_runs_by_staleness(tmp_path, capsys):
+    """`rlbatch replay` on the bank: the truth lists each (B, staleness) configuration with
+    its T ratio against the baseline, and the fastest is B = 256 at staleness 1
+    (1.1 / 1.8 = 0.61 of the baseline's T)."""
+    path, _, _ = _stale_bank(tmp_path)
+    code, out, err = run_cli(["replay", path, tmp_path / "bank", "--replicates", "3", "--json"],
+                             capsys)
+    assert code == 0, err
+    doc = json.loads(out.strip().splitlines()[-1])
+    truth = {c["config"]: c for c in doc["truth"]["configs"]}
+    assert any("staleness 1" in name for name in truth)
+    fastest = truth[doc["truth"]["fastest"]]
+    assert "B=256" in fastest["config"] and "staleness 1" in fastest["config"]
+    assert fastest["time_ratio"] == pytest.approx(1.1 / 1.8, rel=0.03)

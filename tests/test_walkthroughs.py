@@ -32,6 +32,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,80 @@ def test_every_trial_of_the_openrlhf_walkthrough_passes_openrlhfs_checks_on_one_
         openrlhf_main([*argv, "--rollout.n_samples_per_prompt", "1"])
     apart = openrlhf_main([w for w in argv if w != "--train.colocate_all"])
     assert openrlhf_gpus(apart) == 24
+
+
+# ---------------------------------------------------------------- staleness
+def staleness_blocks() -> list[dict]:
+    """The YAML blocks of docs/integrations.md, "Staleness: rollouts decoded ahead of the
+    update": OpenRLHF's whole config, then verl's changes to its walk-through's."""
+    import yaml
+
+    body = DOCS.read_text().split("### Staleness: rollouts decoded ahead", 1)[1]
+    body = body.split("\n### ", 1)[0]
+    return [yaml.safe_load(textwrap.dedent(b))
+            for b in re.findall(r"```yaml\n(.*?)```", body, re.DOTALL)]
+
+
+def stale_trial_commands(data: dict, tmp_path: Path) -> dict:
+    """Each trial's full argv of a staleness profile (its stale trials included)."""
+    import yaml
+
+    commands = trial_commands("", tmp_path, yaml.safe_dump(data))
+    assert any("-k" in name for name in commands), list(commands)
+    return commands
+
+
+def test_every_trial_of_the_openrlhf_staleness_profile_passes_openrlhfs_checks(tmp_path):
+    (data, _) = staleness_blocks()
+    commands = stale_trial_commands(data, tmp_path)
+    assert len(commands) == 10  # the baseline; B0 at 1, 2; B = 1024, 2048 at 0, 1, 2; the control
+    for name, argv in commands.items():
+        args = openrlhf_main(argv[3:])
+        assert args.train.async_enable == ("-k" in name), name
+        if "-k" in name:
+            assert args.train.async_queue_size == int(name.split("-k")[1].split("-")[0])
+        assert openrlhf_gpus(args) == NODE_GPUS, name  # the same 8 at every staleness
+    # the check can fail: OpenRLHF refuses --vllm.enable_sleep with its async trainer where
+    # vLLM is colocated (it turns sleep off itself otherwise, train_ppo_ray.py 707-715)
+    stale = next(a for n, a in commands.items() if "-k" in n)[3:]
+    with pytest.raises(AssertionError, match="enable_sleep"):
+        openrlhf_main([*stale, "--train.colocate_all", "--vllm.enable_sleep"])
+
+
+def test_every_trial_of_the_verl_one_step_off_profile_passes_the_recipes_checks(
+        tmp_path, monkeypatch):
+    """The one-step-off command of the staleness section, in the verl walk-through: every
+    trial's overrides compose on the recipe's config (verl 0.9.1,
+    experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml), pass
+    `validate_config` as its main_ppo.py 52-56 calls it, and the recipe trainer's own
+    asserts (ray_trainer.py 88: no hybrid engine; 180: async rollout)."""
+    import yaml
+
+    pytest.importorskip("tensordict")
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    (_, change) = staleness_blocks()
+    (text,) = [c for t, c in walkthrough_configs().items() if t.startswith("verl")]
+    data = yaml.safe_load(text)
+    data["command"]["argv"] = change["command"]["argv"]
+    data["rollout"] = {**data.get("rollout", {}), **change["rollout"]}
+    data["profile"] = change["profile"]
+    commands = trial_commands("", tmp_path, yaml.safe_dump(data))
+    assert len(commands) == 4
+    root = Path(importlib.util.find_spec("verl").submodule_search_locations[0])
+    monkeypatch.chdir(root.parent)  # the recipe's searchpath: file://verl/trainer/config
+    for name, argv in commands.items():
+        assert argv[:3] == ["python3", "-m", "verl.experimental.one_step_off_policy.main_ppo"]
+        with initialize_config_dir(config_dir=str(root / "experimental" / "one_step_off_policy"
+                                                  / "config"), version_base=None):
+            cfg = compose(config_name="one_step_off_ppo_trainer",
+                          overrides=[w for w in argv[3:] if not w.startswith("+")])
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg),
+                        use_critic=need_critic(cfg))
+        assert not cfg.actor_rollout_ref.hybrid_engine, name
+        assert cfg.actor_rollout_ref.rollout.mode == "async", name
 
 
 # ---------------------------------------------------------------- prime-rl

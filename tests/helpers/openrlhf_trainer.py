@@ -24,6 +24,14 @@ OpenRLHF/OpenRLHF at 3c3be62 (the facts of tests/helpers/openrlhf_log.py):
   an evaluation set is given (`--eval.dataset`); after the last step, the final model goes
   to `--ckpt.output_dir`, `./ckpt` by default (train_ppo_ray.py 191, 371).
 
+With `--train.async_enable` (OpenRLHF's PPOTrainerAsync, train_ppo_ray.py 145-148 of the
+0.11.2 wheel), a `--train.async_queue_size` below 1 raises as OpenRLHF does
+(ppo_trainer_async.py 287-289), and each batch's generation overlaps the previous step's
+training: the generator decodes the next batch as soon as the trainer takes one (the slot
+tokens, ppo_trainer_async.py 109-136, 227-230), so a step lasts the longer of its
+generation and the rest, and `timing/step_total` is that wall time, `timing/generation`
+the generation's own (ppo_trainer_async.py 234-237).
+
 The learning is a known curve in samples: the evaluation after step s reads
 `eval/eval_math_pass1` = 0.1 + OPENRLHF_STANDIN_GAIN x s x P x G / 1000. A step takes
 OPENRLHF_STANDIN_SAMPLE_S x P x G seconds, split among the phases in openrlhf_log's
@@ -117,16 +125,22 @@ def fit(a: dict, writer, states: dict) -> None:
                   int(a.get("data.max_samples", 10 ** 9)))
     per_episode = prompts // p
     step_s = _env("OPENRLHF_STANDIN_SAMPLE_S", 0.0005) * p * g
+    overlap = bool(a.get("train.async_enable"))
+    if overlap and int(a.get("train.async_queue_size", 1)) <= 0:
+        raise ValueError(f"async_queue_size must be positive, got {a['train.async_queue_size']}")
     if step:
         time.sleep(step_s * PHASES["broadcast"] / STEP_S)  # the checkpoint's weights to vLLM
     gain = _env("OPENRLHF_STANDIN_GAIN", 0.25)
     print(f"stand-in openrlhf: {per_episode} steps an episode of {p} x {g}", flush=True)
     for episode in range(start, int(a.get("train.num_episodes", 1))):
         while consumed < (episode + 1) * per_episode * p:
-            time.sleep(step_s)
-            step, consumed = step + 1, consumed + p
             status = {f"timing/{k}": v / STEP_S * step_s for k, v in PHASES.items()}
-            status["timing/step_total"] = sum(status.values())
+            wall = sum(status.values())
+            if overlap:  # the generation runs beside the previous step's training
+                wall = max(status["timing/generation"], wall - status["timing/generation"])
+            time.sleep(wall)
+            step, consumed = step + 1, consumed + p
+            status["timing/step_total"] = wall
             status |= {"reward": 0.1 + gain * step * p * g / 1000, "policy_loss": 0.1,
                        "actor_lr": float(a.get("actor.adam.lr", 1e-6))}
             if step == states["global_step"] + 1:

@@ -22,6 +22,10 @@ at 559b447 (paths under src/prime_rl/):
   `step_k/trainer` with torch DCP (`.metadata` written last; train.py 603-616, trainer/ckpt.py
   254-271) and logs five lines (650-693): the ordering is tests/helpers/prime_rl_log.py's
   `attempt_lines`, replayed here in real time;
+- `--orchestrator.max-off-policy-steps` is a whole number of at least 0 (packages/
+  prime-rl-configs/src/prime_rl/configs/orchestrator.py 532, `Field(8, ge=0)`; pydantic
+  refuses anything else before the run starts) and is written to the resolved
+  `configs/orchestrator.toml` with the batch and group sizes;
 - the final step's checkpoints are written after the loop (train.py 728-731, orchestrator.py
   509-515); `--ckpt.keep-last` keeps the newest step folders (trainer/ckpt.py 274-306).
 
@@ -254,6 +258,11 @@ def replay(run: Run, lines: list[dict]) -> None:
 
 def main(argv: list[str]) -> int:
     a = _args(argv)
+    off_policy = str(a.get("orchestrator.max_off_policy_steps", 8))
+    if not off_policy.isdigit():
+        print(f"orchestrator.max_off_policy_steps: Input should be greater than or equal to 0 "
+              f"[input_value={off_policy}]", file=sys.stderr)
+        return 1
     run_dir = Path(a["output_dir"]) / a.get("run.name", "default")
     resuming = "resume.step" in a or bool(a.get("resume"))
     if resuming:
@@ -263,7 +272,8 @@ def main(argv: list[str]) -> int:
     (run_dir / "configs").mkdir(exist_ok=True)
     (run_dir / "configs" / "orchestrator.toml").write_text(
         f"batch_size = {a.get('orchestrator.batch_size', 128)}\n"
-        f"group_size = {a.get('orchestrator.group_size', 1)}\n")
+        f"group_size = {a.get('orchestrator.group_size', 1)}\n"
+        f"max_off_policy_steps = {off_policy}\n")
     start = resume_step(a, run_dir / "checkpoints") or 0
     run = Run(a, run_dir, start)
     lines = _lines(a, start)

@@ -37,7 +37,7 @@ RUN_KEYS = ("run", "run_id", "seed", "samples_to_target", "time_to_target", "cen
             "status", "stop_code")
 META_KEYS = ("sequences_per_step", "minibatch_sequences", "prompts_per_step",
              "samples_per_prompt", "lr", "lr_scaling", "algorithm", "reference_sequences",
-             "schedule")
+             "schedule", "staleness")
 
 
 def group_configs(records: list[dict]) -> list[dict]:
@@ -49,7 +49,7 @@ def group_configs(records: list[dict]) -> list[dict]:
         g["runs"].append(r)
     def order(g):
         b, lr = g["sequences_per_step"], g["lr"]
-        return (b is None, b or 0, lr is None, lr or 0.0, g["config"])
+        return (b is None, b or 0, lr is None, lr or 0.0, g.get("staleness") or 0, g["config"])
     return sorted(groups.values(), key=order)
 
 
@@ -65,8 +65,9 @@ def choose_reference(groups: list[dict], reference_run: str | None = None) -> tu
                         "loaded", where=str(reference_run))
     at_b0 = [g for g in groups if g["sequences_per_step"] is not None
              and g["sequences_per_step"] == g["reference_sequences"] and not g.get("schedule")]
-    if at_b0:
-        best = min(at_b0, key=lambda g: (g["lr_scaling"] != "sqrt", -len(g["runs"]), g["config"]))
+    if at_b0:  # the least stale first: a profile's baseline runs at the staleness of its config
+        best = min(at_b0, key=lambda g: (g.get("staleness") or 0, g["lr_scaling"] != "sqrt",
+                                         -len(g["runs"]), g["config"]))
         return best["config"], "sequences_per_step equals optimizer.reference_sequences"
     sized = [g for g in groups if g["sequences_per_step"] is not None]
     if sized:
@@ -195,7 +196,8 @@ def _invariance(entry: dict, ref: dict, cmp: dict, curves: dict) -> dict:
 
 
 def _critical_batch(entries: list[dict], ref: dict) -> dict:
-    fam = selection.static(selection.family(entries, ref))  # one B per configuration
+    # one B per configuration, at the reference's staleness
+    fam = selection.static(selection.family(entries, ref), ref.get("staleness") or 0)
     out = invariance.critical_batch_departure(fam)
     pts = [(e["sequences_per_step"], e["samples_to_target"]) for e in fam
            if e["sequences_per_step"] is not None and e["samples_to_target"] is not None]
@@ -210,7 +212,7 @@ def _predict(entries: list[dict], ref: dict, fit: dict) -> dict:
     the optimizer minibatch for the logged B_simple, sequences per step for the fit."""
     b_noise, source = noise.choose_b_noise([e["noise_scale"]["actor"] for e in entries], fit)
     key = noise.compared_batch(source)
-    for e in selection.static(entries):  # T(B) is a model of one B per run
+    for e in selection.static(entries, ref.get("staleness") or 0):  # one B per run
         e.update(noise.predict_time(e[key], e["throughput"], ref["samples_to_target"], ref[key],
                                     b_noise))
     return {"b_noise": b_noise, "b_noise_source": source, "b_noise_batch": key,
@@ -242,9 +244,10 @@ def _controls(entries: list[dict], ref: dict, fits: dict, groups: dict,
               ci: float) -> list[dict]:
     """Each configuration of the reference's algorithm with another LR rule (the fixed-LR
     control) against its twin of the reference's family at the same B."""
-    fam = selection.static(selection.family(entries, ref))
+    k = ref.get("staleness") or 0
+    fam = selection.static(selection.family(entries, ref), k)
     out = []
-    for e in selection.static(entries):
+    for e in selection.static(entries, k):
         if e["algorithm"] != ref["algorithm"] or e["lr_scaling"] == ref["lr_scaling"]:
             continue
         twin = next((f for f in fam if f["sequences_per_step"] == e["sequences_per_step"]),
@@ -252,6 +255,25 @@ def _controls(entries: list[dict], ref: dict, fits: dict, groups: dict,
         if twin is not None:
             cmp = _compare(fits, groups, e["config"], twin["config"], ci)
             out.append(selection.control_versus_twin(e, twin, cmp))
+    return out
+
+
+def _stale(entries: list[dict], ref: dict, fits: dict, groups: dict, ci: float) -> list[dict]:
+    """Each configuration of the reference's family at another staleness than the
+    reference's, against its twin at the reference's (same B and LR; at B0 the reference
+    itself): what the staleness cost in samples and bought in throughput."""
+    fam = selection.family(entries, ref)
+    k = ref.get("staleness") or 0
+    out = []
+    for e in fam:
+        if (e.get("staleness") or 0) == k or e.get("schedule"):
+            continue
+        twin = next((f for f in selection.static(fam, k)
+                     if (f["sequences_per_step"], f["lr"]) == (e["sequences_per_step"], e["lr"])),
+                    None)
+        if twin is not None:
+            cmp = _compare(fits, groups, e["config"], twin["config"], ci)
+            out.append(selection.stale_versus_twin(e, twin, cmp))
     return out
 
 
@@ -316,6 +338,7 @@ def analyze_frames(frames: RunFrames, target: Target, *, reference_run: str | No
         "prediction": _predict(entries, ref, critical["mccandlish_fit"]),
         "recommendation": _recommend(entries, ref_id, statistic, alpha, ci, spread),
         "fixed_lr_controls": _controls(entries, ref, fits, by_id, ci),
+        "staleness": _stale(entries, ref, fits, by_id, ci),
         "problem": _problem(ref),
         "warnings": _warnings(frames, missing, entries),
     })

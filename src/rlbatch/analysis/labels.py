@@ -21,7 +21,8 @@ def ratio_or_none(num, den) -> float | None:
 
 
 def config_labels(entries: list[dict]) -> dict[str, str]:
-    """Config id -> a short label `B=256 (32x8) lr=0.000141 sqrt`, led by the algorithm
+    """Config id -> a short label `B=256 (32x8) lr=0.000141 sqrt` (`staleness 1` added for
+    rollouts decoded ahead), led by the algorithm
     (`PPO B=...`) when the entries mix algorithms; labels that would still collide get the
     config id's hash appended."""
     labels = {}
@@ -40,6 +41,8 @@ def config_labels(entries: list[dict]) -> dict[str, str]:
             parts.append(f"lr={e['lr']:.3g}")
         if e.get("lr_scaling"):
             parts.append(str(e["lr_scaling"]))
+        if e.get("staleness"):
+            parts.append(f"staleness {e['staleness']}")
         labels[e["config"]] = " ".join(parts)
     counts: dict[str, int] = {}
     for lab in labels.values():
@@ -60,7 +63,8 @@ def target_line(doc: dict) -> float | None:
 
 def short_labels(entries: list[dict]) -> dict[str, str]:
     """Config id -> a label for 80-column tables: `B256 lr1.41e-4`, with the LR rule added
-    when it is not sqrt (`B256 lr1e-4 none`) and the algorithm when the entries mix them
+    when it is not sqrt (`B256 lr1e-4 none`), the staleness when above 0 (`k1`), and the
+    algorithm when the entries mix them
     (`ppo B256 ...`); labels that still collide get the id's hash appended."""
     labels = {}
     mixed = len({e.get("algorithm") for e in entries if e.get("algorithm")}) > 1
@@ -74,6 +78,8 @@ def short_labels(entries: list[dict]) -> dict[str, str]:
             ("" if e.get("lr") is None or e.get("schedule") else f" lr{e['lr']:.3g}")
         if e.get("lr_scaling") not in (None, "sqrt"):
             lab += f" {e['lr_scaling']}"
+        if e.get("staleness"):
+            lab += f" k{e['staleness']}"
         labels[e["config"]] = lab
     counts: dict[str, int] = {}
     for lab in labels.values():

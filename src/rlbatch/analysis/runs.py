@@ -31,7 +31,8 @@ from rlbatch.core.runlog import Run, find_runs, identity, read_run, stable_hash
 
 RUN_COLUMNS = ("run", "run_id", "config", "seed", "algorithm", "prompts_per_step",
                "samples_per_prompt", "sequences_per_step", "minibatch_sequences", "lr",
-               "lr_scaling", "reference_sequences", "schedule", "status", "stop_code")
+               "lr_scaling", "reference_sequences", "schedule", "staleness", "status",
+               "stop_code")
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,9 @@ def run_row(run: Run) -> dict:
         "minibatch_sequences": _minibatch_sequences(cfg, _sequences(cfg)), "lr": _lr(cfg),
         "lr_scaling": _get(cfg, "optimizer", "lr_scaling"),
         "reference_sequences": _get(cfg, "optimizer", "reference_sequences"),
-        "schedule": schedule_text(cfg), "status": (run.summary or {}).get("status"),
+        "schedule": schedule_text(cfg),
+        "staleness": int(_get(cfg, "rollout", "max_staleness") or 0) if cfg else None,
+        "status": (run.summary or {}).get("status"),
         "stop_code": (run.summary or {}).get("stop_code"),
     }
 

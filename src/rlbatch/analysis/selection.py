@@ -90,10 +90,12 @@ def family(entries: list[dict], ref: dict) -> list[dict]:
             and e["lr_scaling"] == ref["lr_scaling"]]
 
 
-def static(entries: list[dict]) -> list[dict]:
-    """The configurations that ran at one B (no batch schedule): what models of N* or T
-    against B, and the critical batch, are fitted to."""
-    return [e for e in entries if not e.get("schedule")]
+def static(entries: list[dict], staleness: int = 0) -> list[dict]:
+    """The configurations that ran at one B (no batch schedule) and at the reference's
+    staleness (`staleness`): what models of N* or T against B, and the critical batch, are
+    fitted to."""
+    return [e for e in entries if not e.get("schedule")
+            and (e.get("staleness") or 0) == staleness]
 
 
 def _p_faster(e: dict) -> float | None:
@@ -362,6 +364,33 @@ def next_seeds(plan: list[dict], ref: dict) -> int | None:
     if not needs and all(p["detectable_time_ratio"] is not None for p in plan):
         return None
     return max(max(needs, default=0), MIN_SEEDS, ref["seeds"] + (0 if needs else 1))
+
+
+def stale_versus_twin(stale: dict, twin: dict, comparison: dict) -> dict:
+    """Rollouts at another staleness against the twin at the reference's (same B and LR),
+    in the JSON as `staleness` and `twin_staleness`: the N* ratio (what
+    staleness cost in samples), the throughput ratio (what it bought: q = N* / T, over the
+    span to the target) and the T ratio (the net), stale / twin, with the intervals of the
+    comparison where both have MIN_SEEDS seeds."""
+    seeded = min(stale["seeds"], twin["seeds"]) >= MIN_SEEDS
+    q = [(r.get("throughput_to_target") or r.get("throughput")) for r in stale["runs"]]
+    q_twin = [(r.get("throughput_to_target") or r.get("throughput")) for r in twin["runs"]]
+    return {
+        "config": stale["config"], "twin": twin["config"], "staleness": stale["staleness"],
+        "twin_staleness": twin.get("staleness") or 0,
+        "sequences_per_step": stale["sequences_per_step"],
+        "seeds": [stale["seeds"], twin["seeds"]],
+        "samples_ratio": _ratio(stale["samples_to_target"], twin["samples_to_target"]),
+        "samples_ratio_ci": comparison["samples_ratio_ci"] if seeded else [None, None],
+        "throughput_ratio": _ratio(_geomean(q), _geomean(q_twin)),
+        "time_ratio": _ratio(stale["time_to_target"], twin["time_to_target"]),
+        "time_ratio_ci": comparison["time_ratio_ci"] if seeded else [None, None],
+    }
+
+
+def _geomean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def control_versus_twin(control: dict, twin: dict, comparison: dict) -> dict:

@@ -48,6 +48,7 @@ def _headline(rec: dict, e: dict, ci: str, concurrency: int | None) -> list[str]
              f", lr={num(e['lr'])}" if not e.get("schedule") else
              f"the batch schedule {e['schedule']} (from P={e['prompts_per_step']} "
              f"G={e['samples_per_prompt']}, the LR by the sqrt rule at each B)") + \
+        (f", rollout.max_staleness={e['staleness']}" if e.get("staleness") else "") + \
         (f", C={concurrency}" if concurrency else "")
     lines = []
     if rec["is_reference"]:
@@ -151,6 +152,18 @@ def _screened_lines(doc: dict, rec: dict, entries: dict, labels: dict) -> list[s
     return lines
 
 
+def stale_line(c: dict, labels: dict) -> str:
+    """A configuration with stale rollouts against its synchronous twin: what it cost in
+    samples, what it bought in throughput, the net."""
+    head = f"staleness {c['staleness']} at B={c['sequences_per_step']} vs its synchronous twin"
+    if c["time_ratio"] is None:
+        return (f"{head} {labels[c['twin']]}: not compared (one of them has no time to "
+                "target: stopped before the target)")
+    return (f"{head}: N* ratio {num(c['samples_ratio'])}{interval(c['samples_ratio_ci'])} "
+            f"(the samples it cost), throughput ratio {num(c['throughput_ratio'])} (what it "
+            f"bought), T ratio {num(c['time_ratio'])}{interval(c['time_ratio_ci'])}")
+
+
 def _closing_lines(doc: dict, rec: dict, labels: dict) -> list[str]:
     """Fixed-LR controls, the reference-LR note, the seed plan and `next:`."""
     lines = []
@@ -168,6 +181,8 @@ def _closing_lines(doc: dict, rec: dict, labels: dict) -> list[str]:
                         "rule's LR overshoots here (eta0 above its best at B0, or the best LR "
                         "grows more slowly than sqrt(B/B0))"
                         if c.get("scaled_lr_too_high", c["eta0_may_be_under_tuned"]) else ""))
+    for c in doc.get("staleness") or []:
+        lines.append(stale_line(c, labels))
     check = rec.get("reference_lr_check")
     if check:
         lines.append(f"note: {check['note']}")

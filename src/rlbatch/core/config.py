@@ -146,11 +146,12 @@ class Config(StrictModel):
     def _check_staleness(self) -> None:
         """Rollouts ahead of the update are the built-in trainer's, at one B, decoded by an
         engine that can run on a second copy of the model."""
-        if not self.rollout.max_staleness:
-            return
-        if self.backend != "builtin":
-            raise ValueError("rollout.max_staleness is the built-in trainer's: with backend: "
-                             f"{self.backend}, set the framework's own bound on staleness")
+        if self.backend == "trl" and (self.rollout.max_staleness or any(
+                self.profile.max_staleness)):
+            raise ValueError("rollout.max_staleness: the TRL backend runs TRL's GRPOTrainer, "
+                             "which decodes each batch with the policy it trains; set 0")
+        if not self.rollout.max_staleness or self.backend != "builtin":
+            return  # a command's framework maps it (interop/launch.py `stale_settings`)
         if self.batch.schedule is not None:
             raise ValueError("rollout.max_staleness with batch.schedule is not supported: the "
                              "rollouts decoded ahead need their B before the schedule sets it")

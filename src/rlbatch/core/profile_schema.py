@@ -22,6 +22,12 @@ class ProfileConfig(StrictModel):
                                "challenger (the most promising candidate), so that the "
                                "decision compares configurations with >= 2 seeds")
     fixed_lr_control: bool = Field(True, description="also run 2 x B0 with the unscaled LR")
+    max_staleness: list[int] = Field(
+        [0], min_length=1, max_length=4, description="rollout.max_staleness values crossed "
+        "with the candidates: every candidate B, and B0, runs at each (the baseline, the "
+        "fixed-LR control and the schedules at rollout.max_staleness), so that a larger "
+        "batch and rollouts decoded ahead compete in one decision; [0] = synchronous only "
+        "(docs/analysis.md, 'Staleness against its synchronous twin')")
     concurrency: list[int] = Field([16, 64, 256], max_length=MAX_LIST,
                                    description="decode sweep; [] = keep C")
     early_stop: bool = Field(True, description="stop candidates that missed the crossing or cannot win")
@@ -119,6 +125,9 @@ class ProfileConfig(StrictModel):
         if self.schedules and self.strategy == "probe":
             raise ValueError("profile.schedules are compared by the full strategy only: set "
                              "profile.strategy: full")
+        if any(not 0 <= k <= 8 for k in self.max_staleness) \
+                or len(set(self.max_staleness)) != len(self.max_staleness):
+            raise ValueError("profile.max_staleness: each value once, each from 0 to 8")
         if len(set(self.concurrency)) != len(self.concurrency):
             raise ValueError("profile.concurrency must name each C once (the decode sweep "
                              "measures each once)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from rlbatch.core.errors import ConfigError
 from rlbatch.interop.ingest.common import FrameworkConfig
 from rlbatch.interop.plan import make_plan
+from rlbatch.interop.staleness import OPENRLHF_ASYNC, stale_settings
 from rlbatch.interop.usercmd import prime_rl_has_inference, verl_loggers
 
 # frameworks with a decode-concurrency setting that a trial passes C to (verl and prime-rl:
@@ -63,6 +64,7 @@ class TrialSpec:
     per_device_batch: int | None = None
     sets: tuple = ()  # rlbatch: further `--set KEY=VALUE` of the trial (target, budget)
     workdir: str | None = None  # where the command runs: its relative paths resolve there
+    staleness: int = 0  # rollout.max_staleness: `stale_settings` maps it
 
     @property
     def sequences(self) -> int:
@@ -147,6 +149,7 @@ def _trl(spec: TrialSpec, attempt: Path, state: Path, base: list[str]) -> Launch
         raise ConfigError(f"command: TRL would take {k:g} optimizer steps per generation; "
                           f"choose command.per_device_batch so that it is whole")
     k = int(k)
+    stale_settings(spec, base)  # TRL's GRPOTrainer has none: refused above 0
     s.update({"seed": spec.seed, "num_iterations": spec.epochs,
               "max_steps": spec.total_steps * k, "logging_steps": 1,
               "report_to": "tensorboard", "eval_strategy": "steps",
@@ -183,6 +186,7 @@ def _rlbatch(spec: TrialSpec, attempt: Path, state: Path, base: list[str]) -> La
          "rollout.generation_concurrency": spec.concurrency}
     if spec.critic_lr is not None:
         s["critic.lr"] = spec.critic_lr
+    s.update(stale_settings(spec, base))
     s.update(dict(spec.sets))
     argv = [w for name, v in s.items() for w in ("--set", f"{name}={fmt(v)}")]
     argv += ["--out", str(state / "rlbatch-runs"), "--resume", "--json"]
@@ -215,6 +219,7 @@ def verl_checkpoint(state: Path, reached: int | None = None) -> Checkpoint | Non
 def _verl(spec: TrialSpec, attempt: Path, state: Path, base: list[str],
           reached: int | None = None) -> Launch:
     s, _ = plan_settings(spec)
+    stale_settings(spec, base)  # verl's is its entry point: checked, nothing appended
     log = attempt / "verl.jsonl"  # verl's file logger truncates its file: one per attempt
     ckpt = verl_checkpoint(state, reached)
     latest = verl_checkpoint(state)
@@ -333,7 +338,11 @@ def _openrlhf(spec: TrialSpec, attempt: Path, state: Path, base: list[str]) -> L
               "--logger.tensorboard_dir": str(attempt / "tensorboard"),
               # the TensorBoard subfolder is the run name, by default a timestamp
               "--logger.wandb.run_name": "trial"})
-    argv = [w for k, v in s.items() for w in (k, fmt(v))]
+    stale = stale_settings(spec, base)
+    s.update(stale)
+    argv = [w for k, v in s.items() if k != OPENRLHF_ASYNC for w in (k, fmt(v))]
+    if stale:  # a bare flag (store_true)
+        argv.append(OPENRLHF_ASYNC)
     if ckpt is not None:  # a fresh attempt loads nothing (a cut save fails every load)
         argv.append("--ckpt.load_enable")
         s["--ckpt.load_enable"] = True
@@ -375,7 +384,8 @@ def _prime_rl(spec: TrialSpec, attempt: Path, state: Path, base: list[str]) -> L
     s = {**plan, "output_dir": str(state / "prime-rl"), "run.name": "trial",
          "max_steps": spec.total_steps, "ckpt.interval": spec.steps(spec.checkpoint_every_samples),
          "ckpt.keep_last": KEEP_CHECKPOINTS,
-         "orchestrator.eval.interval": spec.steps(spec.eval_every_samples)}
+         "orchestrator.eval.interval": spec.steps(spec.eval_every_samples),
+         **stale_settings(spec, base)}
     if prime_rl_has_inference(base, spec.workdir or "."):
         s.update({"inference.vllm.seed": spec.seed,
                   "inference.vllm.max_num_seqs": spec.concurrency})

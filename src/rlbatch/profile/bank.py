@@ -192,19 +192,21 @@ def bank_summary(cfg: Config, trials: list[Trial], dirs: list[Path]) -> dict:
 
 def learning_key(config: dict) -> tuple:
     """What makes two runs seeds of one configuration for a replay: the algorithm, P, G,
-    the actor LR and the batch schedule (not where or how often it was evaluated)."""
+    the actor LR, the batch schedule and the rollouts' staleness (not where or how often it
+    was evaluated)."""
     row = run_row(Run(dir=Path("."), config=config, manifest={}, steps=[], evals=[],
                       summary={}))
     lr = row["lr"]
     return (row["algorithm"], row["prompts_per_step"], row["samples_per_prompt"],
-            None if lr is None else float(f"{lr:.6g}"), row["schedule"])
+            None if lr is None else float(f"{lr:.6g}"), row["schedule"], row["staleness"] or 0)
 
 
 def describe(key: tuple) -> str:
-    algo, p, g, lr, sch = key
+    algo, p, g, lr, sch, k = key
     b = p * g if isinstance(p, int) and isinstance(g, int) else "?"
     return (f"{algo} B={b} (P={p}, G={g}), lr {lr:.3g}" if lr is not None else
-            f"{algo} B={b} (P={p}, G={g})") + (f", schedule {sch}" if sch else "")
+            f"{algo} B={b} (P={p}, G={g})") + (f", schedule {sch}" if sch else "") + \
+        (f", staleness {k}" if k else "")
 
 
 @dataclass

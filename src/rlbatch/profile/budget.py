@@ -196,7 +196,8 @@ def probabilities(result: dict, prior_sd: float, seed: int = 0) -> dict:
     return {"sd_log_time": sd, "sd_df": df, "prior_sd": prior_sd, "prior_tau": PRIOR_TAU,
             "draws": DRAWS,
             "configs": [{"config": e["config"], "sequences_per_step": e["sequences_per_step"],
-                         "lr": e["lr"], "runs": e["seeds"], "crossed": len(seen[i][0]),
+                         "lr": e["lr"], "staleness": e.get("staleness") or 0,
+                         "runs": e["seeds"], "crossed": len(seen[i][0]),
                          "time_ratio": e["time_to_target"] / entries[0]["time_to_target"]
                          if e["time_to_target"] else None,
                          "p_within_5pct": within[i] / total,
@@ -249,7 +250,7 @@ def pick(result: dict, probs: dict, max_slower: float,
     if top["p_slower_than_baseline"] > max_slower:
         bound = ("the sequential decision's bound" if sequential
                  else "profile.budget_max_slower")
-        return base, (f"the likeliest fastest, B={top['sequences_per_step']}, is slower than "
+        return base, (f"the likeliest fastest, {size(top)}, is slower than "
                       f"the baseline with probability {top['p_slower_than_baseline']:.2f}, "
                       f"above {bound} {max_slower:g}")
     return top, "the configuration most likely within 5% of the fastest"
@@ -276,8 +277,7 @@ def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: flo
     looked = look_configs(probs, chosen)
     want = seeds + 1
     cost = look_cost(result, probs, looked, want)
-    names = " and ".join("the baseline" if r is rows[0] else f"B={r['sequences_per_step']}"
-                         for r in looked)
+    names = " and ".join("the baseline" if r is rows[0] else size(r) for r in looked)
     if spent + cost > limit:
         return None, (f"{CANNOT_PAY} for another seed of {names} (projected "
                       f"{cost:,.1f} s, {max(0.0, limit - spent):,.1f} s left)"), None
@@ -334,7 +334,8 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
             "limit_s": lim, "spent_s": spent,
             "spent_runs": spent / base_time if base_time else None,
             "pick": chosen["config"], "pick_sequences_per_step": chosen["sequences_per_step"],
-            "pick_lr": chosen["lr"], "is_reference": chosen is probs["configs"][0],
+            "pick_lr": chosen["lr"], "pick_staleness": chosen.get("staleness", 0),
+            "is_reference": chosen is probs["configs"][0],
             "why": why, "p_within_5pct": chosen["p_within_5pct"],
             "p_slower_than_baseline": chosen["p_slower_than_baseline"],
             "probabilities": probs, "next_set": sets, "challenger": rival,
@@ -354,7 +355,8 @@ def lines(b: dict) -> list[str]:
     spent = (f"{b['spent_runs']:.2f} baseline runs" if b.get("spent_runs")
              else f"{b['spent_s']:,.1f} s")
     what = ("keep the baseline" if b["is_reference"] else
-            f"B={b['pick_sequences_per_step']}, lr {b['pick_lr']:.3g}")
+            f"B={b['pick_sequences_per_step']}, lr {b['pick_lr']:.3g}"
+            + (f", staleness {b['pick_staleness']}" if b.get("pick_staleness") else ""))
     slower = b["p_slower_than_baseline"]
     out = [f"within the budget ({unit}; spent {spent}): {what} ({b['why']})"
            + ("" if slower is None else f"; P(slower than the baseline) {slower:.2f}")]
@@ -370,8 +372,14 @@ def lines(b: dict) -> list[str]:
     return out
 
 
+def size(r: dict) -> str:
+    """`B=256`, and the staleness of rollouts decoded ahead where above 0."""
+    k = r.get("staleness") or 0
+    return f"B={r['sequences_per_step']}" + (f" staleness {k}" if k else "")
+
+
 def _row(r: dict, is_base: bool) -> str:
-    name = "baseline" if is_base else f"B={r['sequences_per_step']} lr {r['lr']:.3g}"
+    name = "baseline" if is_base else f"{size(r)} lr {r['lr']:.3g}"
     ratio = "none crossed" if r["time_ratio"] is None else f"T ratio {r['time_ratio']:.2f}"
     slower = r["p_slower_than_baseline"]
     return (f"{name} ({r['runs']} run{'s' if r['runs'] != 1 else ''}, {ratio}"

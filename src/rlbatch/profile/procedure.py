@@ -431,6 +431,7 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
         decision = {"prompts_per_step": run_cfg["batch"]["prompts_per_step"],
                     "samples_per_prompt": run_cfg["batch"]["samples_per_prompt"],
                     "batch_schedule": run_cfg["batch"].get("schedule"),
+                    "max_staleness": run_cfg["rollout"].get("max_staleness", 0),
                     "sequences_per_step": rec["sequences_per_step"], "lr": rec["lr"],
                     "generation_concurrency": decode["chosen"] if decode.get(
                         "passed_to_command", True) else None, **rec}

@@ -2,7 +2,9 @@
 
 Kinds (docs/design.md "align, then accelerate"):
 - `baseline`: P0 = B0 / G at eta0 (the reference every verdict compares against);
-- `sqrt`: each candidate P with eta(B) = eta0 sqrt(B/B0);
+- `sqrt`: each candidate P with eta(B) = eta0 sqrt(B/B0), at each of
+  `profile.max_staleness` (B0 too at each other than the baseline's; named `-k<staleness>`
+  where it is not the baseline's, `rollout.max_staleness`);
 - `control`: 2 x B0 with the unscaled eta0 (the paper's "double the batch without retuning");
 - `schedule`: each of `profile.schedules`, B changing during the run (docs/design.md, "Batch
   schedules").
@@ -68,11 +70,12 @@ def profile_prompts(cfg: Config) -> set[int]:
 
 def trial_config(cfg: Config, *, prompts: int, seed: int, rule: str, concurrency: int,
                  runs_dir: Path, checkpoint_every: int, eval_every: int | None = None,
-                 schedule: dict | None = None) -> Config:
+                 schedule: dict | None = None, staleness: int = 0) -> Config:
     data = cfg.model_dump(mode="json")
     data.pop("profile", None)
     data["batch"]["prompts_per_step"] = prompts
     data["batch"]["schedule"] = schedule
+    data["rollout"]["max_staleness"] = staleness
     if schedule and schedule.get("adaptive") and not data["noise_scale"]["enabled"]:
         # the adaptive rule steers by the noise scale: its trial measures it (the static
         # trials do not pay for the probe), in micro-batches of half the first minibatch
@@ -102,25 +105,31 @@ def plan_trials(cfg: Config, runs_dir: Path, concurrency: int, seeds: list[int],
     p0 = baseline_prompts(cfg)
     prof = cfg.profile
     ckpt = cfg.checkpoint.every_samples or cfg.eval.every_samples
-    specs: list[tuple[str, str, int, str, dict | None]] = []
+    k0 = cfg.rollout.max_staleness  # the baseline's, the control's and the schedules'
+    specs: list[tuple[str, str, int, str, dict | None, int]] = []
     if "baseline" in kinds:
-        specs.append(("baseline", "base", p0, cfg.optimizer.lr_scaling, None))
+        specs.append(("baseline", "base", p0, cfg.optimizer.lr_scaling, None, k0))
     if "sqrt" in kinds:
-        specs += [("sqrt", "sqrt", p, "sqrt", None) for p in sorted(set(prof.prompts_per_step))
-                  if p != p0]
+        stale = sorted(set(prof.max_staleness) | {k0})
+        at_p0 = {p0} if stale != [k0] else set()
+        specs += [("sqrt", "sqrt", p, "sqrt", None, k)
+                  for p in sorted(set(prof.prompts_per_step) | at_p0)
+                  for k in stale if (p, k) != (p0, k0)]
     if "control" in kinds and prof.fixed_lr_control:
-        specs.append(("control", "fixed-lr", 2 * p0, "none", None))
+        specs.append(("control", "fixed-lr", 2 * p0, "none", None, k0))
     if "schedule" in kinds:
         for i, sch in enumerate(prof.schedules, start=1):
             first = sch.steps[0][1] // cfg.batch.samples_per_prompt if sch.steps else p0
-            specs.append(("schedule", f"sched{i}", first, "sqrt", sch.model_dump(mode="json")))
+            specs.append(("schedule", f"sched{i}", first, "sqrt", sch.model_dump(mode="json"),
+                          k0))
     trials = []
-    for kind, label, p, rule, schedule in specs:
+    for kind, label, p, rule, schedule, k in specs:
         for seed in seeds:
             every = baseline_eval_every if kind == "baseline" else eval_every
             tc = trial_config(cfg, prompts=p, seed=seed, rule=rule, concurrency=concurrency,
                               runs_dir=runs_dir, checkpoint_every=ckpt, eval_every=every,
-                              schedule=schedule)
+                              schedule=schedule, staleness=k)
             suffix = f"-e{every}" if kind == "baseline" and every is not None else ""
-            trials.append(Trial(f"{label}-P{p}-s{seed}{suffix}", kind, p, seed, tc))
+            stale_part = f"-k{k}" if k != k0 else ""
+            trials.append(Trial(f"{label}-P{p}{stale_part}-s{seed}{suffix}", kind, p, seed, tc))
     return trials

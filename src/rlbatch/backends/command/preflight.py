@@ -34,7 +34,7 @@ def trial_spec(cfg: Config):
         checkpoint_every_samples=cfg.checkpoint.every_samples or cfg.eval.every_samples,
         max_samples=cfg.budget.max_samples, concurrency=cfg.rollout.generation_concurrency,
         num_processes=c.num_processes, per_device_batch=c.per_device_batch, sets=sets,
-        workdir=c.workdir)
+        workdir=c.workdir, staleness=cfg.rollout.max_staleness)
 
 
 def check_command(cfg: Config, prompts: set[int] | None = None) -> None:
@@ -58,7 +58,29 @@ def check_command(cfg: Config, prompts: set[int] | None = None) -> None:
         raise ConfigError(f"command.argv[0]: '{program}' is not an executable program on "
                           f"{search} (or relative to {where})")
     check_model_path(c.framework, c.argv, where)
+    check_staleness(cfg, prompts is not None)
     check_framework_files(cfg, where, prompts or {cfg.batch.prompts_per_step})
+
+
+def check_staleness(cfg: Config, profiled: bool) -> None:
+    """Every staleness the trial runs at, or with `profiled` the profile's trials
+    (rollout.max_staleness, and each of profile.max_staleness), maps to the framework's own setting (interop/launch.py
+    `stale_settings`). prime-rl decodes one step ahead at any setting: a profile that
+    compares staleness values there starts from 1."""
+    import dataclasses
+
+    from rlbatch.interop.staleness import stale_settings
+
+    crossed = cfg.profile.max_staleness if profiled else []  # a trial: its own only
+    values = sorted({cfg.rollout.max_staleness, *crossed})
+    if cfg.command.framework == "prime-rl" and len(values) > 1 and values[0] == 0:
+        raise ConfigError("profile.max_staleness: prime-rl always decodes one step ahead "
+                          "(docs/algorithms.md 180 at 559b447), so it has no staleness 0 to "
+                          "compare with; set rollout.max_staleness: 1 and profile values of "
+                          "1 and more")
+    spec = trial_spec(cfg)
+    for k in values:
+        stale_settings(dataclasses.replace(spec, staleness=k), list(cfg.command.argv))
 
 
 def check_framework_files(cfg: Config, where: str, prompts: set[int]) -> None:
