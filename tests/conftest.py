@@ -68,7 +68,8 @@ def pytest_collection_modifyitems(items):
 # The files that take longest (setup plus call, a serial run on 2 cores), longest first.
 LONGEST_FIRST = ("test_reliability.py", "test_ownership.py", "test_command_profile.py",
                  "test_schedule.py", "test_fuzz.py", "test_trl_backend.py", "test_disk.py",
-                 "test_trainer.py", "test_kill.py", "test_command.py", "test_input_messages.py",
+                 "test_trainer.py", "test_kill.py", "test_command.py",
+                 "test_staleness_command.py", "test_input_messages.py",
                  "test_report.py", "test_gpu_check.py", "test_progress_lines.py")
 
 

@@ -116,6 +116,8 @@ def test_a_stale_run_logs_each_batchs_policy_version_and_repeats_itself(tiny_mod
     (["rollout.engine=hf"], "rollout.engine"),
     (["batch.schedule.steps=[[0,64],[256,128]]"], "batch.schedule"),
     (["rollout.max_staleness=9"], "rollout.max_staleness"),
+    (["rollout.max_staleness=0", "profile.max_staleness=[0,1]", "rollout.engine=hf"],
+     "profile.max_staleness needs rollout.engine: builtin"),
 ])
 def test_staleness_where_it_cannot_run_is_refused(sets, names, tmp_path, capsys):
     code, _, err = run_cli(["train", "--preset", "grpo-tiny", "--out", tmp_path,
@@ -189,7 +191,7 @@ def test_the_analysis_separates_what_staleness_cost_from_what_it_bought(tmp_path
     assert doc["critical_batch"]["mccandlish_fit"]["points"] == 2  # B = 128 and 256, at 0
     code, out, err = run_cli(["analyze", tmp_path / "bank"], capsys)
     assert code == 0, err
-    assert "staleness 1 at B=256 vs its synchronous twin: N* ratio 1.1" in out
+    assert "staleness 1 at B=256 vs its twin at 0 (synchronous): N* ratio 1.1" in out
     assert "decision: P=32 G=8 (B=256), lr=0.000141, rollout.max_staleness=1:" in out
 
 

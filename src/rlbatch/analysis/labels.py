@@ -20,6 +20,13 @@ def ratio_or_none(num, den) -> float | None:
     return None if num is None or not den else finite_float(num / den)
 
 
+def size_words(e: dict) -> str:
+    """`B=256`, and `staleness k` for rollouts decoded ahead (k above 0): how a decision's
+    lines name a configuration's batch."""
+    k = e.get("staleness") or 0
+    return f"B={e['sequences_per_step']}" + (f" staleness {k}" if k else "")
+
+
 def config_labels(entries: list[dict]) -> dict[str, str]:
     """Config id -> a short label `B=256 (32x8) lr=0.000141 sqrt` (`staleness 1` added for
     rollouts decoded ahead), led by the algorithm

@@ -17,6 +17,7 @@ import math
 
 from rlbatch.analysis import invariance, seedstats
 from rlbatch.analysis.defaults import DEFAULT_CI
+from rlbatch.analysis.labels import size_words
 from rlbatch.analysis.stats import finite_or_none
 
 MIN_SEEDS = 2
@@ -310,6 +311,7 @@ def seed_plan(pending: list[dict], ref: dict, alpha: float = DEFAULT_ALPHA) -> l
         need = seedstats.seeds_for(sd, df, effect, POWER, alpha) if effect else None
         detect = seedstats.detectable_log_ratio(se, df, POWER, alpha)
         out.append({"config": e["config"], "sequences_per_step": e["sequences_per_step"],
+                    "staleness": e.get("staleness") or 0,
                     "seeds": [e["seeds"], ref["seeds"]], "time_ratio": ratio,
                     "seeds_per_side_needed": need,
                     "detectable_time_ratio": None if detect is None
@@ -326,17 +328,17 @@ def next_step(plan: list[dict], ref: dict) -> str | None:
         need, ratio, detect = p["seeds_per_side_needed"], p["time_ratio"], \
             p["detectable_time_ratio"]
         if need is None and ratio is not None and detect is not None:
-            parts.append(f"B={p['sequences_per_step']}: its T ratio {ratio:.2f} is too close to 1 "
+            parts.append(f"{size_words(p)}: its T ratio {ratio:.2f} is too close to 1 "
                          "to resolve (more than 1,000 seeds per side); these seeds show only a "
                          f"T ratio below {detect:.2f}")
         elif need is None:
-            parts.append(f"B={p['sequences_per_step']}: at least "
+            parts.append(f"{size_words(p)}: at least "
                          f"{max(MIN_SEEDS, ref['seeds'] + 1)} seeds of it and of the reference")
         elif p["time_ratio"] is not None and p["time_ratio"] >= 1:
-            parts.append(f"B={p['sequences_per_step']}: not faster at its point estimate "
+            parts.append(f"{size_words(p)}: not faster at its point estimate "
                          f"(T ratio {p['time_ratio']:.2f}); more seeds would only confirm that")
         else:
-            parts.append(f"B={p['sequences_per_step']}: {need} seeds per side resolve its T "
+            parts.append(f"{size_words(p)}: {need} seeds per side resolve its T "
                          f"ratio {p['time_ratio']:.2f} at 80% power")
     seeds = next_seeds(plan, ref)
     if seeds is None:
@@ -350,8 +352,8 @@ def settled(best: dict, pending: list[dict]) -> str | None:
     one of them faster still."""
     if not pending:
         return None
-    others = ", ".join(f"B={e['sequences_per_step']}" for e in pending)
-    return (f"nothing for this decision (B={best['sequences_per_step']} is shown faster); more "
+    others = ", ".join(size_words(e) for e in pending)
+    return (f"nothing for this decision ({size_words(best)} is shown faster); more "
             f"seeds of {others} and the reference could show one of them faster still")
 
 

@@ -4,7 +4,7 @@ every number comes from the analysis document; see docs/analysis.md for the rule
 from __future__ import annotations
 
 from rlbatch.analysis.figures import short_labels
-from rlbatch.analysis.labels import confidence
+from rlbatch.analysis.labels import confidence, size_words
 
 
 def num(x, spec: str = ".3g") -> str:
@@ -155,7 +155,8 @@ def _screened_lines(doc: dict, rec: dict, entries: dict, labels: dict) -> list[s
 def stale_line(c: dict, labels: dict) -> str:
     """A configuration with stale rollouts against its synchronous twin: what it cost in
     samples, what it bought in throughput, the net."""
-    head = f"staleness {c['staleness']} at B={c['sequences_per_step']} vs its synchronous twin"
+    head = f"staleness {c['staleness']} at B={c['sequences_per_step']} vs its twin at " + \
+        (f"staleness {c['twin_staleness']}" if c.get("twin_staleness") else "0 (synchronous)")
     if c["time_ratio"] is None:
         return (f"{head} {labels[c['twin']]}: not compared (one of them has no time to "
                 "target: stopped before the target)")
@@ -188,8 +189,8 @@ def _closing_lines(doc: dict, rec: dict, labels: dict) -> list[str]:
         lines.append(f"note: {check['note']}")
     for p in rec.get("plan") or []:
         if p.get("detectable_time_ratio") is not None:
-            lines.append(f"  with {p['seeds'][0]} + {p['seeds'][1]} seeds, B="
-                         f"{p['sequences_per_step']} vs the baseline resolves a T ratio of "
+            lines.append(f"  with {p['seeds'][0]} + {p['seeds'][1]} seeds, {size_words(p)}"
+                         f" vs the baseline resolves a T ratio of "
                          f"{num(p['detectable_time_ratio'])} or less (80% power)")
     if rec.get("next"):
         lines.append(f"next: {rec['next']}")

@@ -144,20 +144,25 @@ class Config(StrictModel):
                 f"sequences){where}")
 
     def _check_staleness(self) -> None:
-        """Rollouts ahead of the update are the built-in trainer's, at one B, decoded by an
-        engine that can run on a second copy of the model."""
-        if self.backend == "trl" and (self.rollout.max_staleness or any(
-                self.profile.max_staleness)):
+        """Rollouts ahead of the update, in this run or in a profile's trials: the built-in
+        trainer's at one B, decoded by an engine that can run on a second copy of the model;
+        a command's framework maps them (interop/staleness.py); TRL's backend has none."""
+        k, crossed = self.rollout.max_staleness, any(self.profile.max_staleness)
+        if self.backend == "trl" and (k or crossed):
             raise ValueError("rollout.max_staleness: the TRL backend runs TRL's GRPOTrainer, "
                              "which decodes each batch with the policy it trains; set 0")
-        if not self.rollout.max_staleness or self.backend != "builtin":
-            return  # a command's framework maps it (interop/launch.py `stale_settings`)
-        if self.batch.schedule is not None:
+        if self.backend != "builtin":
+            return
+        if k and self.batch.schedule is not None:
             raise ValueError("rollout.max_staleness with batch.schedule is not supported: the "
                              "rollouts decoded ahead need their B before the schedule sets it")
-        if self.rollout.engine != "builtin":
-            raise ValueError("rollout.max_staleness needs rollout.engine: builtin (its keyed "
-                             "sampling draws nothing from a generator two threads share)")
+        if k and self.profile.schedules:
+            raise ValueError("profile.schedules run at rollout.max_staleness, and a schedule "
+                             "cannot run stale: set rollout.max_staleness: 0")
+        if (k or crossed) and self.rollout.engine != "builtin":
+            field = "rollout.max_staleness" if k else "profile.max_staleness"
+            raise ValueError(f"{field} needs rollout.engine: builtin (its keyed sampling draws "
+                             "nothing from a generator two threads share)")
 
     def _check_schedule(self) -> None:
         """A schedule starts at the configured B, moves in whole groups, and scales the LR

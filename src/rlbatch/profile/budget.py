@@ -26,6 +26,7 @@ import re
 import statistics
 from pathlib import Path
 
+from rlbatch.analysis.labels import size_words
 from rlbatch.core.errors import UserError
 
 WITHIN = 1.05
@@ -250,7 +251,7 @@ def pick(result: dict, probs: dict, max_slower: float,
     if top["p_slower_than_baseline"] > max_slower:
         bound = ("the sequential decision's bound" if sequential
                  else "profile.budget_max_slower")
-        return base, (f"the likeliest fastest, {size(top)}, is slower than "
+        return base, (f"the likeliest fastest, {size_words(top)}, is slower than "
                       f"the baseline with probability {top['p_slower_than_baseline']:.2f}, "
                       f"above {bound} {max_slower:g}")
     return top, "the configuration most likely within 5% of the fastest"
@@ -277,7 +278,7 @@ def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: flo
     looked = look_configs(probs, chosen)
     want = seeds + 1
     cost = look_cost(result, probs, looked, want)
-    names = " and ".join("the baseline" if r is rows[0] else size(r) for r in looked)
+    names = " and ".join("the baseline" if r is rows[0] else size_words(r) for r in looked)
     if spent + cost > limit:
         return None, (f"{CANNOT_PAY} for another seed of {names} (projected "
                       f"{cost:,.1f} s, {max(0.0, limit - spent):,.1f} s left)"), None
@@ -372,14 +373,8 @@ def lines(b: dict) -> list[str]:
     return out
 
 
-def size(r: dict) -> str:
-    """`B=256`, and the staleness of rollouts decoded ahead where above 0."""
-    k = r.get("staleness") or 0
-    return f"B={r['sequences_per_step']}" + (f" staleness {k}" if k else "")
-
-
 def _row(r: dict, is_base: bool) -> str:
-    name = "baseline" if is_base else f"{size(r)} lr {r['lr']:.3g}"
+    name = "baseline" if is_base else f"{size_words(r)} lr {r['lr']:.3g}"
     ratio = "none crossed" if r["time_ratio"] is None else f"T ratio {r['time_ratio']:.2f}"
     slower = r["p_slower_than_baseline"]
     return (f"{name} ({r['runs']} run{'s' if r['runs'] != 1 else ''}, {ratio}"
