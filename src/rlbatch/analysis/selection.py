@@ -371,12 +371,10 @@ def next_seeds(plan: list[dict], ref: dict) -> int | None:
 def stale_versus_twin(stale: dict, twin: dict, comparison: dict) -> dict:
     """Rollouts at another staleness against the twin at the reference's (same B and LR),
     in the JSON as `staleness` and `twin_staleness`: the N* ratio (what
-    staleness cost in samples), the throughput ratio (what it bought: q = N* / T, over the
-    span to the target) and the T ratio (the net), stale / twin, with the intervals of the
+    staleness cost in samples), the throughput ratio (what it bought: each side's q = N* / T
+    over the span to the target, as in `vs_reference`) and the T ratio (the net), stale / twin, with the intervals of the
     comparison where both have MIN_SEEDS seeds."""
     seeded = min(stale["seeds"], twin["seeds"]) >= MIN_SEEDS
-    q = [(r.get("throughput_to_target") or r.get("throughput")) for r in stale["runs"]]
-    q_twin = [(r.get("throughput_to_target") or r.get("throughput")) for r in twin["runs"]]
     return {
         "config": stale["config"], "twin": twin["config"], "staleness": stale["staleness"],
         "twin_staleness": twin.get("staleness") or 0,
@@ -384,15 +382,10 @@ def stale_versus_twin(stale: dict, twin: dict, comparison: dict) -> dict:
         "seeds": [stale["seeds"], twin["seeds"]],
         "samples_ratio": _ratio(stale["samples_to_target"], twin["samples_to_target"]),
         "samples_ratio_ci": comparison["samples_ratio_ci"] if seeded else [None, None],
-        "throughput_ratio": _ratio(_geomean(q), _geomean(q_twin)),
+        "throughput_ratio": _ratio(stale["throughput"], twin["throughput"]),
         "time_ratio": _ratio(stale["time_to_target"], twin["time_to_target"]),
         "time_ratio_ci": comparison["time_ratio_ci"] if seeded else [None, None],
     }
-
-
-def _geomean(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def control_versus_twin(control: dict, twin: dict, comparison: dict) -> dict:

@@ -76,18 +76,13 @@ class Ahead:
         return max(0, step - 1 - self.k)
 
     def weights_for(self, version: int, current_version: int, model) -> dict:
-        """Weights of `version`: the model's own where it is current, else those a checkpoint
-        kept, else those a pending batch already holds."""
+        """Weights of `version`: those a pending batch or a checkpoint already holds, else a
+        copy of the model's where it is current."""
+        held = {**self.restored, **{p.version: p.weights for p in self.pending}}
+        if version in held:
+            return held[version]
         if version == current_version:
-            for p in self.pending:
-                if p.version == version:
-                    return p.weights
             return weights_of(model)
-        if version in self.restored:
-            return self.restored[version]
-        for p in self.pending:
-            if p.version == version:
-                return p.weights
         raise RuntimeError(f"no weights kept for policy version {version}")
 
     def submit(self, step: int, version: int, weights: dict, examples: list,
