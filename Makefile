@@ -30,11 +30,12 @@ demo: setup
 	$(BIN)/rlbatch profile --preset quick --out profiles/quick
 
 # The demo's second half: a workload where a larger batch saves time (the quick workload
-# behind 0.25 s of rollout latency per step, B0 = 64). --follow runs the seeds the decision
-# asks for and decides again (10-20 minutes on 2 cores; docs/study.md, section 11).
+# behind 0.25 s of rollout latency per step, B0 = 64), the same default decision: at most
+# 12 baseline runs' training time, each about a minute on 2 cores (docs/analysis.md,
+# "Replays").
 demo-saving: setup
 	$(BIN)/rlbatch model build
-	$(BIN)/rlbatch profile --preset quick-saving --follow 3 --out profiles/quick-saving
+	$(BIN)/rlbatch profile --preset quick-saving --out profiles/quick-saving
 
 # Two workers, one test file each at a time (module fixtures are built once), in the order
 # tests/conftest.py gives the files: a serial run spends much of its time waiting on

@@ -466,6 +466,8 @@ def test_the_decision_prints_the_budgets_pick_with_the_chance_it_is_slower_only(
 
 def test_rlbatch_replay_budget_prints_the_grid_within_it_and_the_calibration(budget_bank,
                                                                               capsys):
+    from rlbatch.profile import DEFAULT_BUDGET
+
     _, _, tmp = budget_bank
     path = config_file(tmp, "profile.prompts_per_step=[32,64]", name="cli.yaml")
     code, out, err = run_cli(["replay", path, tmp / "bank", "--budget", "3", "--replicates",
@@ -479,8 +481,12 @@ def test_rlbatch_replay_budget_prints_the_grid_within_it_and_the_calibration(bud
                               "--replicates", "2"], capsys)
     assert code == 0, err
     assert "one_seed_grid_budget_3" in out
-    code, _, err = run_cli(["replay", path, tmp / "bank", "--sequential"], capsys)
+    code, _, err = run_cli(["replay", path, tmp / "bank", "--sequential", "--follow", "0"],
+                           capsys)
     assert code == 2 and "profile.sequential" in err and "cap" in err
+    code, out, err = run_cli(["replay", path, tmp / "bank", "--replicates", "2"], capsys)
+    assert code == 0, err  # no flags: the default decision, as `rlbatch profile` runs it
+    assert f"one_seed_grid_budget_{DEFAULT_BUDGET}" in out
 
 
 def test_sequential_on_the_command_line_stands_for_the_config_key():

@@ -25,17 +25,21 @@ def test_version_prints_the_packages_version(capsys):
 
 
 def test_replay_scores_the_procedure_profile_runs_without_flags():
-    """`rlbatch replay` with no --follow replays what `rlbatch profile` with no --follow
-    decides: one default for both commands and for the library's replay()."""
+    """`rlbatch replay` with no --follow or --budget replays what `rlbatch profile` with
+    none decides: both leave --follow unset (the default decision;
+    tests/test_default_decision.py), and the library's replay() follows as the CLIs do
+    once --follow is given."""
     import inspect
 
-    from rlbatch.cli.profile_cmds import profile
-    from rlbatch.cli.replay_cmds import replay as replay_command
+    from rlbatch.cli import profile_cmds, replay_cmds
+    from rlbatch.profile import DEFAULT_FOLLOW
     from rlbatch.profile.replay import replay
 
     def default(fn, name):
         value = inspect.signature(fn).parameters[name].default
         return getattr(value, "default", value)  # a typer Option holds its default
 
-    assert default(profile, "follow") == default(replay_command, "follow") \
-        == default(replay, "follow")
+    assert default(profile_cmds.profile, "follow") is None
+    assert default(replay_cmds.replay, "follow") is None
+    assert default(replay, "follow") == DEFAULT_FOLLOW  # the replay CLI with no flags:
+    # tests/test_budget.py::test_rlbatch_replay_budget_prints_the_grid_within_it_and_the_...

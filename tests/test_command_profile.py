@@ -167,7 +167,7 @@ def test_sigterm_to_the_profile_stops_its_trials_and_a_rerun_resumes_them(tmp_pa
 
     config = _standin_profile(tmp_path, "sigterm", step_s=0.3)
     out = tmp_path / "p"
-    cmd = [*RLBATCH, "profile", str(config), "--out", str(out), "--json"]
+    cmd = [*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out), "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + 120
@@ -209,7 +209,7 @@ def test_a_killed_profile_reruns_no_finished_trial(tmp_path):
         started = [e for e in events if e["event"] == "started"]
         return any(e["event"] == "finished" for e in events) and len(started) >= 2
 
-    kill_profile_when([*RLBATCH, "profile", str(config), "--out", str(out), "--json"], out,
+    kill_profile_when([*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out), "--json"], out,
                       ready, timeout_s=120)
     before = read_jsonl(out / "journal.jsonl")[0]
     finished = {e["trial"] for e in before if e["event"] == "finished"}
@@ -230,7 +230,7 @@ def test_a_killed_profile_reruns_no_finished_trial(tmp_path):
 def _assert_progress_lines_arrive_while_it_runs(config: Path, out: Path) -> None:
     """Runs the profile with stderr to a pipe (no terminal): a line for each trial that
     starts and ends reaches the reader while the profile still runs, not all at its end."""
-    proc = subprocess.Popen([*RLBATCH, "profile", str(config), "--out", str(out), "--json"],
+    proc = subprocess.Popen([*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
@@ -292,7 +292,7 @@ def test_a_profile_whose_baseline_failed_exits_2_naming_the_failure(tmp_path):
     data["command"]["env"]["LOG_WRITER_CRASH_AT"] = "3"
     config.write_text(yaml.safe_dump(data))
     out = tmp_path / "p"
-    proc = subprocess.run([*RLBATCH, "profile", str(config), "--out", str(out)],
+    proc = subprocess.run([*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out)],
                           capture_output=True, text=True, check=False, timeout=600,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -348,7 +348,7 @@ def test_a_trial_still_running_elsewhere_is_refused_not_analysed(tmp_path):
 
     config = _standin_profile(tmp_path, "held", step_s=0.01)
     out = tmp_path / "p"
-    cmd = [*RLBATCH, "profile", str(config), "--out", str(out), "--json"]
+    cmd = [*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out), "--json"]
     kill_profile_when(cmd, out, lambda ev: any(e["event"] == "started" for e in ev),
                       timeout_s=120)
     run_dir = _trial_dirs(out)["base-P4-s0"]
@@ -392,7 +392,7 @@ def test_a_profile_killed_outright_takes_its_trials_and_their_commands_with_it(t
     data["command"]["stop_grace_s"] = 2
     config.write_text(yaml.safe_dump(data))
     out = tmp_path / "p"
-    proc = subprocess.Popen([*RLBATCH, "profile", str(config), "--out", str(out), "--json"],
+    proc = subprocess.Popen([*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out), "--json"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + 120

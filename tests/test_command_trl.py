@@ -79,8 +79,8 @@ def _config(tmp: Path, model: Path) -> Path:
 
 
 def _cmd(config: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "rlbatch.cli.main", "profile", str(config), "--out", str(out),
-            "--json"]
+    return [sys.executable, "-m", "rlbatch.cli.main", "profile", str(config), "--follow", "0", "--out",
+            str(out), "--json"]
 
 
 def _trial_dir(out: Path, name: str) -> Path:

@@ -126,7 +126,7 @@ def test_five_random_kills_resume_to_the_uninterrupted_log(tiny_model_dir, tmp_p
 # (A sqrt candidate that wins makes the decision hang on wall-clock seconds: with P = 32 the
 # candidate needed about twice the baseline's samples, and the upper end of the T-ratio
 # interval came out 0.76 in one profile and 1.07 in the other, on the same runs' values.)
-PROFILE = ["--batches", "4", "--concurrency", "64", *set_flags([
+PROFILE = ["--follow", "0", "--batches", "4", "--concurrency", "64", *set_flags([
     "optimizer.reference_sequences=32", "optimizer.reference_lr=5e-5", "target.gain=0.05",
     "eval.prompts=256", "eval.every_samples=256", "profile.fixed_lr_control=true",
     "profile.early_stop=false", "profile.min_evaluations=1", "checkpoint.every_samples=128",

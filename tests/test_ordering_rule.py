@@ -135,7 +135,7 @@ def _config(tmp_path: Path, **env) -> Path:
 
 def _profile(config: Path, out: Path) -> tuple[int, dict, str]:
     """(exit status, profile.json, what it printed) of `rlbatch profile`."""
-    proc = subprocess.run([*RLBATCH, "profile", str(config), "--out", str(out)],
+    proc = subprocess.run([*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out)],
                           capture_output=True, text=True, check=False, timeout=600,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
     return proc.returncode, read_json(out / "profile.json"), proc.stdout + proc.stderr
@@ -248,7 +248,8 @@ def test_every_fault_on_either_trial_ends_in_one_of_three_ways(tmp_path, fault, 
     diverges = env.pop("DIVERGES", None) is not None
     env["LOG_WRITER_FAULT_P"] = "8" if trial == "candidate" else "4"
     out = tmp_path / "p"
-    proc = subprocess.run([*RLBATCH, "profile", str(_config(tmp_path, **env)), "--out",
+    proc = subprocess.run([*RLBATCH, "profile", str(_config(tmp_path, **env)), "--follow", "0",
+                           "--out",
                            str(out)], capture_output=True, text=True, check=False,
                           timeout=600, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     doc = read_json(out / "profile.json") if (out / "profile.json").exists() else None

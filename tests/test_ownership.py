@@ -494,8 +494,8 @@ def test_a_hand_started_train_cannot_take_a_running_profile_trial(tmp_path):
     `--fresh` and `--resume` refused in one line naming the owner's PID)."""
     out = tmp_path / "p"
     profile = subprocess.Popen(
-        [sys.executable, "-m", "rlbatch.cli.main", "profile", "--preset", "quick", "--out",
-         str(out)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "rlbatch.cli.main", "profile", "--preset", "quick", "--follow",
+         "0", "--out", str(out)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def trial_lock():
         for lock in out.rglob(LOCK_FILE):

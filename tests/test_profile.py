@@ -42,7 +42,7 @@ from rlbatch.core.runlog import read_jsonl
 # (the profile's decision is `analyze`'s on the same runs).
 pytestmark = [pytest.mark.lands, pytest.mark.slow]
 
-WINS = ["--batches", "64", "--concurrency", "64", "--set", "target.gain=0.12",
+WINS = ["--follow", "0", "--batches", "64", "--concurrency", "64", "--set", "target.gain=0.12",
         "--set", "eval.prompts=512", "--set", "eval.every_samples=128",
         "--set", "profile.min_evaluations=2",
         "--set", "profile.fixed_lr_control=false", "--set", "profile.margin=1.0",

@@ -140,7 +140,9 @@ def test_replay_command_prints_its_table_and_the_interface_json(saving, capsys):
     assert code == 0, err
     doc = json.loads(out.strip().splitlines()[-1])
     names = [r["strategy"] for r in doc["strategies"]]
-    assert names == ["full", "probe", "keep_baseline", "one_seed_grid"]
+    assert names == ["full", "probe", "keep_baseline", "one_seed_grid",
+                     "one_seed_grid_budget_12"]  # the default decision's: beside the grid
+    # within its cap
     keys = {"strategy", "replicates", "recommends", "picks_within_5pct", "mean_regret",
             "slower_than_baseline", "median_cost", "pick_interval_coverage"}
     assert all(keys <= set(r) for r in doc["strategies"])

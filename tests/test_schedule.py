@@ -224,7 +224,8 @@ def test_a_profile_compares_a_schedule_as_a_candidate(tiny_model_dir, tmp_path, 
 
     out = tmp_path / "p"
     code, stdout, err = run_cli([
-        "profile", "--preset", "quick", "--out", out, "--json", "--concurrency", "64",
+        "profile", "--preset", "quick", "--follow", "0", "--out", out, "--json",
+        "--concurrency", "64",
         *set_flags(["profile.prompts_per_step=[16]", "profile.confirm_seeds=0",
                     "profile.fixed_lr_control=false", "target.gain=0.1",
                     "eval.prompts=256", "profile.min_evaluations=3",

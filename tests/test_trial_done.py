@@ -40,7 +40,7 @@ def _config(tmp_path: Path, **env) -> Path:
 
 
 def _profile(config: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*RLBATCH, "profile", str(config), "--out", str(out)],
+    return subprocess.run([*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out)],
                           capture_output=True, text=True, check=False, timeout=300, env=ENV)
 
 
@@ -58,7 +58,7 @@ def _profile_killing(config: Path, out: Path, trial: str, at_steps: list[int],
     OOM killer would. Returns (the finished profile, the PIDs killed); `killed_at` gets the
     last logged step of each process killed."""
     with open(out.parent / "stdout", "w") as so, open(out.parent / "stderr", "w") as se:
-        proc = subprocess.Popen([*RLBATCH, "profile", str(config), "--out", str(out)],
+        proc = subprocess.Popen([*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out)],
                                 stdout=so, stderr=se, text=True, env=ENV)
         killed: list[int] = []
         deadline = time.monotonic() + 120

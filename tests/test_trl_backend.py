@@ -178,7 +178,7 @@ def test_profile_with_trl_backend(tiny_model_dir, tmp_path):
 
     out = tmp_path / "prof"
     cmd = [sys.executable, "-m", "rlbatch.cli.main", "profile", "--preset", "quick",
-           "--backend", "trl", "--batches", "8", "--concurrency", "64",
+           "--follow", "0", "--backend", "trl", "--batches", "8", "--concurrency", "64",
            "--set", "target.gain=0.04", "--set", "eval.prompts=512",
            "--set", "eval.every_samples=128", "--set", "profile.fixed_lr_control=false",
            "--set", "profile.confirm_seeds=0", "--set", "profile.min_evaluations=1",

@@ -16,7 +16,8 @@ RLBATCH = [sys.executable, "-m", "rlbatch.cli.main"]
 
 def profile_json(config: Path, out: Path, *extra: str, timeout: float = 1800) -> dict:
     """The profile's last stdout line as JSON; a non-zero exit fails with its stderr's tail."""
-    proc = subprocess.run([*RLBATCH, "profile", str(config), "--out", str(out), "--json",
+    proc = subprocess.run([*RLBATCH, "profile", str(config), "--follow", "0", "--out", str(out),
+                           "--json",
                            *extra], capture_output=True, text=True, check=False,
                           timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]

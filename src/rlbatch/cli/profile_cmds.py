@@ -22,7 +22,11 @@ from rlbatch.cli.common import (
     whole_numbers,
 )
 from rlbatch.cli.decision_text import decision_lines
-from rlbatch.profile import DEFAULT_FOLLOW
+from rlbatch.profile import DEFAULT_BUDGET, DEFAULT_FOLLOW, default_sets
+
+DEFAULT_LINE = (f"profile: a sequential decision within {DEFAULT_BUDGET} baseline runs' time to "
+                "target, the default (--budget N for another cap, --follow 0 for the first look "
+                "alone; docs/guide.md, section 5)")
 
 err = Console(stderr=True)
 
@@ -65,10 +69,11 @@ TRIAL_GPUS_HELP = ("ray, ray-job: GPUs a trial asks for (ray-job: its entrypoint
 
 
 FollowOption = typer.Option(
-    DEFAULT_FOLLOW, "--follow", min=0, max=10,
-    help="when the decision asks for more seeds (its `next`), run them in the same folder "
-    "and decide again, up to this many times (each look is a fresh test at the family's 5%: "
-    "docs/analysis.md, 'Replays')")
+    None, "--follow", min=0, max=10, show_default=False,
+    help="the decision rule's looks instead of the default sequential decision: when the "
+    "decision asks for more seeds (its `next`), run them in the same folder and decide "
+    "again, up to this many times (0: the first look alone; each look is a fresh test at the "
+    "family's 5%: docs/analysis.md, 'Replays')")
 
 
 BudgetOption = typer.Option(
@@ -77,7 +82,8 @@ BudgetOption = typer.Option(
     "configuration; it then adds seeds to the baseline and the likeliest fastest (once that "
     "one is sure to be faster, to it and its likeliest rival) while the budget pays, and "
     "prints a pick with P(slower than the baseline) (docs/analysis.md, 'A budget'); with "
-    "--sequential the pick is a decision at 5%")
+    "--sequential the pick is a decision at 5%. Without --budget or --follow: --budget "
+    f"{DEFAULT_BUDGET} --sequential, the default decision")
 
 StrategyOption = typer.Option(
     None, help="full (every candidate towards the target) | probe (short probes, predicted "
@@ -86,8 +92,25 @@ StrategyOption = typer.Option(
 SequentialOption = typer.Option(
     False, "--sequential", help="with --budget as its cap, the pick is a decision: a "
     "candidate only once it is at most 5% likely slower than the baseline, else the "
-    "baseline; it stops as soon as it can (profile.sequential; docs/analysis.md, 'A budget "
-    "as a sequential decision')")
+    "baseline; it stops as soon as it can (profile.sequential; the default decision at "
+    "another cap; docs/analysis.md, 'The default decision'); without --budget, the default "
+    f"cap {DEFAULT_BUDGET}")
+
+
+def resolve_procedure(config: str | None, preset: str | None, overrides: list[str],
+                      budget: str | None, sequential: bool, follow: int | None
+                      ) -> tuple[object, int, bool]:
+    """(the config, the looks to follow, whether the default decision stands): the user's
+    overrides and flags, and where they name no procedure (`--follow`, a budget, the probe
+    strategy) the default decision's sets before them (profile.default_sets; the user's
+    own `--set`s win)."""
+    flags = budget_overrides(budget)
+    cfg = resolve(config, preset, overrides + flags)
+    sets = default_sets(cfg.profile, follow)
+    seq = ["profile.sequential=true"] if sequential else []
+    if sets or seq:
+        cfg = resolve(config, preset, sets + overrides + flags + seq)
+    return cfg, DEFAULT_FOLLOW if follow is None else follow, bool(sets)
 
 
 def budget_overrides(text: str | None, sequential: bool = False) -> list[str]:
@@ -129,7 +152,7 @@ def profile(
     workers: int | None = typer.Option(None, help="trials at once (default: profile.workers)"),
     strategy: str | None = StrategyOption,
     out: str | None = typer.Option(None, "--out", help="profile directory"),
-    follow: int = FollowOption,
+    follow: int | None = FollowOption,
     budget: str | None = BudgetOption,
     sequential: bool = SequentialOption,
     as_json: bool = typer.Option(False, "--json", help="print profile.json's decision as JSON"),
@@ -137,24 +160,23 @@ def profile(
     """Find the configuration with the lowest time to target: the baseline, sqrt-scaled
     candidates and a fixed-LR control, alignment checks on the samples axis with early
     stopping (or, with --strategy probe, short probes and predicted times), a
-    decode-concurrency sweep, the fastest aligned configuration. Re-run to resume after a
-    kill.
+    decode-concurrency sweep, the fastest aligned configuration. Without --follow or
+    --budget: the default decision (docs/guide.md, section 5). Re-run to resume after a kill.
 
     Trials run the built-in trainer, or your own training command (backend: command, with a
     command: section for verl, OpenRLHF, prime-rl, `trl grpo` or `rlbatch train`): each
     trial's batch, scaled LR, seed, cadences and resume flags are appended, its log is
     followed, it is stopped early the framework's way. Walk-throughs: docs/integrations.md."""
-    from rlbatch.profile import driver, executors
+    from rlbatch.profile import executors
 
     overrides = list(set_ or []) + _flag_overrides(
         batches=batches, concurrency=concurrency, seeds=seeds, workers=workers,
-        backend=backend, strategy=strategy, budget_train_s=budget_train_s) + \
-        budget_overrides(budget, sequential)
+        backend=backend, strategy=strategy, budget_train_s=budget_train_s)
     _require_config(ctx, config, preset)
-    cfg = resolve(config, preset, overrides)
+    cfg, follow, default = resolve_procedure(config, preset, overrides, budget, sequential,
+                                             follow)
     _check_before_writing(cfg, executor, trial_gpus)
-    out_dir = out or f"profiles/{cfg.name}"
-    driver.open_profile_dir(out_dir)  # owned before the live table: a second profile is one line
+    out_dir = _open_dir(cfg, out, default and not as_json)
     doc = _looks(cfg, out_dir, follow, as_json, lambda workers: executors.make_executor(
         executor, workers, address, trial_cpus, trial_gpus))
     _print_decision(doc, out_dir, as_json)
@@ -162,6 +184,18 @@ def profile(
         err.print(f"error: no decision: {doc['problem']}", markup=False, highlight=False,
                   soft_wrap=True)
         raise typer.Exit(2)
+
+
+def _open_dir(cfg, out: str | None, say_default: bool) -> str:
+    """The profile's folder, owned before the live table (a second profile is one line);
+    the line that says the default decision runs."""
+    from rlbatch.profile import driver
+
+    out_dir = out or f"profiles/{cfg.name}"
+    driver.open_profile_dir(out_dir)
+    if say_default:
+        print(DEFAULT_LINE, file=sys.stderr, flush=True)
+    return out_dir
 
 
 def _require_config(ctx: typer.Context, config: str | None, preset: str | None) -> None:
@@ -301,7 +335,9 @@ def _next_command(doc: dict, out_dir: str) -> str | None:
             return None
         more = (f"{math.ceil(b['next_look_budget_s'])}s" if b["budget_seconds"] is not None
                 else f"{math.ceil(b['next_look_budget_runs'] * 10) / 10:g}")
-        return continue_command(common.INVOKED, out_dir, budget=more)
+        own = ["--sequential"] if b.get("sequential") and "--sequential" not in common.INVOKED \
+            else []  # a default decision continued under a --budget is still sequential
+        return continue_command(common.INVOKED + own, out_dir, budget=more)
     if d.get("next_set") and set(d["next_set"]) == {"profile.seeds"}:
         return continue_command(common.INVOKED, out_dir, seeds=d["next_set"]["profile.seeds"])
     if d.get("next_set"):

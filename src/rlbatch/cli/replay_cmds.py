@@ -9,7 +9,7 @@ import typer
 
 from rlbatch.cli.common import PresetOption, SetOption, print_json, resolve, stop_signals
 from rlbatch.core.errors import ConfigError
-from rlbatch.profile import DEFAULT_FOLLOW
+from rlbatch.profile import DEFAULT_BUDGET
 
 
 def bank(
@@ -51,10 +51,11 @@ def replay(
     strategy: str = typer.Option("full", help="full | probe | all"),
     replicates: int = typer.Option(200, help="replicated profiles per strategy"),
     seed: int = typer.Option(0, help="seed of the replicates' draws of bank seeds"),
-    follow: int = typer.Option(DEFAULT_FOLLOW, help="times a replicate follows the "
-                               "decision's `next` (more seeds, a larger budget); the default "
-                               "is `rlbatch profile --follow`'s, so that the replay scores what "
-                               "the profile decides without flags"),
+    follow: int | None = typer.Option(
+        None, show_default=False, help="replay `rlbatch profile --follow N`: times a "
+        "replicate follows the decision rule's `next` (0: the first look alone). Without "
+        "--follow or --budget a replay scores what `rlbatch profile` decides without flags, "
+        f"a sequential decision within {DEFAULT_BUDGET} baseline runs"),
     budget: str | None = typer.Option(
         None, "--budget", help="replay `rlbatch profile --budget N` (baseline runs; its "
         "looks follow the budget, not --follow), beside the one-seed grid within the same "
@@ -84,11 +85,12 @@ def replay(
         raise ConfigError(f"--strategy: expected full, probe or all, not {strategy!r}")
     if replicates < 1:
         raise ConfigError("--replicates: give a positive number")
-    if follow < 0:
+    if follow is not None and follow < 0:
         raise ConfigError("--follow: give 0 or more")
-    from rlbatch.cli.profile_cmds import budget_overrides
+    from rlbatch.cli.profile_cmds import resolve_procedure
 
-    cfg = resolve(config, None, list(set_ or []) + budget_overrides(budget, sequential))
+    cfg, follow, _ = resolve_procedure(config, None, list(set_ or []), budget, sequential,
+                                       follow)
     say = (lambda line: print(line, file=sys.stderr, flush=True))
     strategies = list(STRATEGIES) if strategy == "all" else [strategy]
     doc = run_replay(cfg, bank_dir, strategies, replicates, seed=seed, follow=follow, say=say)

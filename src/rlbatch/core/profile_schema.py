@@ -65,12 +65,14 @@ class ProfileConfig(StrictModel):
         0.5, gt=0, lt=1, description="a budget's looks stop once a candidate pick is at most "
         "5% likely slower than the baseline and at least this likely within 5% of the "
         "fastest (keeping the baseline needs 0.9); higher goes on to tell the candidates "
-        "apart, at a cost measured in docs/analysis.md, 'A budget as a sequential decision'")
+        "apart, at a cost measured in docs/analysis.md, 'The default decision'")
     sequential: bool = Field(
         False, description="the budget's looks as a sequential decision, the budget its "
         "cap: a candidate is picked only when the draws put it at most 5% likely slower "
-        "than the baseline, else the baseline is kept (docs/analysis.md, 'A budget as a "
-        "sequential decision'); needs profile.budget or profile.budget_seconds")
+        "than the baseline, else the baseline is kept; needs profile.budget or "
+        "profile.budget_seconds. `rlbatch profile` and `rlbatch replay` without --follow, a "
+        "budget or the probe strategy set it with profile.budget 12 (docs/analysis.md, 'The "
+        "default decision')")
     smallest_effect: float = Field(0.1, gt=0, le=10, description="futility: the smallest "
                                    "speed-up worth finding (0.1: T ratio 1/1.1)")
     futility_alpha: float = Field(0.05, gt=0, lt=0.5, description="futility: the chance of "

@@ -332,6 +332,7 @@ def block(result: dict | None, prof, *, spent: float, base_time: float | None) -
     if not sets and look_why.startswith(CANNOT_PAY) and base_time:
         paying = spent + look_cost(result, probs, look_configs(probs, chosen), prof.seeds + 1)
     return {"budget_runs": prof.budget, "budget_seconds": prof.budget_seconds,
+            "sequential": prof.sequential,
             "limit_s": lim, "spent_s": spent,
             "spent_runs": spent / base_time if base_time else None,
             "pick": chosen["config"], "pick_sequences_per_step": chosen["sequences_per_step"],

@@ -10,19 +10,32 @@ stop `cannot_win` ends it at the baseline's time to target), whose mean under th
 E = 1/2 + exp(v/2) Phi(-sqrt(v)) (v the variance above); the confirmation seed of the
 challenger costs the same. All costs are in baseline runs' time to target. Pure: the
 replays check it against what the looks cost (`forecast` in `rlbatch replay --json`).
+
+A sequential decision within a cap (the default) is forecast whole: `decision_cost`
+simulates its looks under the same law (each candidate's true log T ratio drawn around 0
+with sd PRIOR_TAU, each run's log T spread by s) and returns the median cost at which it
+stops: once the likeliest fastest candidate is at most SURE_SLOWER likely slower than the
+baseline, once the baseline is at least SURE_BASELINE likely within 5% of every candidate,
+or when the cap cannot pay for the next look (one seed of the baseline and of the
+likeliest fastest, the latter at its own time to target). Its probabilities are the
+budget's posterior in closed form at a known spread (`_posteriors`), treating the
+candidates as independent where the budget's draws do not: the replays check the
+forecast, not the model.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 
 from rlbatch.analysis import seedstats
-from rlbatch.profile.budget import PRIOR_TAU
+from rlbatch.profile.budget import PRIOR_TAU, SURE_BASELINE, SURE_SLOWER, WITHIN
 
 SAVINGS = (1.2, 1.5, 2.0)  # the savings whose cost to establish is printed
 BUDGETS = (2, 4, 8)
 POWER = 0.8
+SIMULATIONS = 2000  # simulated decisions behind a sequential forecast
 
 
 def candidate_cost(s: float) -> float:
@@ -31,10 +44,59 @@ def candidate_cost(s: float) -> float:
     return 0.5 + math.exp(v / 2) * statistics.NormalDist().cdf(-math.sqrt(v))
 
 
+def _posteriors(runs: list[list[float]], base: list[float], s: float) -> list[tuple]:
+    """(mean, sd) of each candidate's log T ratio given the runs' log T, under the budget's
+    model (profile/budget.py): a flat prior for the baseline's mean, the candidates' means
+    around a common mean (flat) with sd PRIOR_TAU, so each is shrunk towards the others."""
+    tau2 = PRIOR_TAU ** 2
+    w = [1 / (tau2 + s * s / len(r)) for r in runs]
+    centre = sum(wi * statistics.fmean(r) for wi, r in zip(w, runs, strict=True)) / sum(w)
+    out = []
+    for r in runs:
+        prec = len(r) / (s * s) + 1 / tau2
+        mean = (statistics.fmean(r) * len(r) / (s * s) + centre / tau2) / prec
+        var = 1 / prec + (1 / (tau2 * prec)) ** 2 / sum(w) + s * s / len(base)
+        out.append((mean - statistics.fmean(base), math.sqrt(var)))
+    return out
+
+
+def _one_decision(rng: random.Random, baseline_runs: int, candidates: int, s: float,
+                  cap: float) -> float:
+    """The cost of one simulated sequential decision (module text), in baseline runs."""
+    cdf = statistics.NormalDist().cdf
+    truth = [rng.gauss(0.0, PRIOR_TAU) for _ in range(candidates)]
+    base = [rng.gauss(0.0, s) for _ in range(baseline_runs)]
+    runs = [[d + rng.gauss(0.0, s)] for d in truth]
+    cost = baseline_runs + sum(min(math.exp(r[0]), 1.0) for r in runs)  # screened
+    while True:
+        post = _posteriors(runs, base, s)
+        lead = min(range(candidates), key=lambda i: post[i][0])
+        m, sd = post[lead]
+        if cdf(m / sd) <= SURE_SLOWER:  # P(slower than the baseline): P(ratio > 1)
+            return cost
+        sure_base = math.prod(cdf((p + math.log(WITHIN)) / q) for p, q in post)
+        step = 1.0 + math.exp(truth[lead])
+        if sure_base >= SURE_BASELINE or cost + step > cap:
+            return cost
+        cost += step
+        base.append(rng.gauss(0.0, s))
+        runs[lead].append(truth[lead] + rng.gauss(0.0, s))
+
+
+def decision_cost(*, baseline_runs: int, candidates: int, s: float, cap: float,
+                  seed: int = 0) -> float:
+    """Median cost, in baseline runs, of a sequential decision within `cap` (module text)."""
+    rng = random.Random(seed)
+    return statistics.median(_one_decision(rng, max(1, baseline_runs), candidates, s, cap)
+                             for _ in range(SIMULATIONS))
+
+
 def forecast(*, baseline_runs: int, candidates: int, confirm: int, log_times: list[float],
-             prior_sd: float, alpha: float, max_slower: float, budgeted: bool) -> dict:
+             prior_sd: float, alpha: float, max_slower: float, budgeted: bool,
+             cap: float | None = None) -> dict:
     """The forecast after the baseline's `baseline_runs` (their log T: `log_times`), with
-    `candidates` screening trials and `confirm` confirmation seeds to come."""
+    `candidates` screening trials and `confirm` confirmation seeds to come; `cap`: a
+    sequential decision's cap in baseline runs, forecast whole."""
     n = len(log_times)
     s = statistics.stdev(log_times) if n >= 3 else prior_sd  # two seeds cannot estimate it
     e = candidate_cost(s)
@@ -55,8 +117,11 @@ def forecast(*, baseline_runs: int, candidates: int, confirm: int, log_times: li
         ratio = math.exp(-(z(1 - max_slower) + z(POWER)) * s * math.sqrt(2 / per_side))
         buys.append({"budget": b, "seeds_per_side": per_side, "finds_ratio": ratio,
                      "grid_runs": grid})
+    decide = decision_cost(baseline_runs=baseline_runs, candidates=candidates, s=s,
+                           cap=cap) if cap and candidates else None
     return {"look_runs": None if budgeted else look, "look_most_runs": None if budgeted
-            else most, "sd_log_time": s, "sd_from": "baseline" if n >= 3 else "assumed",
+            else most, "decide_runs": decide, "decide_most_runs": cap if decide else None,
+            "sd_log_time": s, "sd_from": "baseline" if n >= 3 else "assumed",
             "candidate_cost": e, "establish": establish, "budgets": buys}
 
 
@@ -75,7 +140,10 @@ def lines(f: dict) -> list[str]:
                                              f"{x['seeds_per_side']} seeds per side, about "
                                              f"{x['runs']:.0f} runs")
                     for x in f["establish"])
-    lead = "  at" if out else "forecast: at"  # within a budget there is no look to forecast
+    if f.get("decide_runs") is not None:
+        out.append(f"forecast: this sequential decision costs about {f['decide_runs']:.1f} "
+                   f"baseline runs' time to target, at most {f['decide_most_runs']:g} (its cap)")
+    lead = "  at" if out else "forecast: at"  # a budget's looks are not forecast one by one
     out.append(f"{lead} the {sd}, establishing a saving takes {est}")
     out.append("  --budget " + "; ".join(
         f"{b['budget']}: {b['seeds_per_side']} seed(s) per side of the likeliest best, "

@@ -304,10 +304,15 @@ def first_forecast(cfg: Config, journal: Journal, driver: Driver, ev: dict, cand
     if any(e.get("event") == "profile_finished" for e in journal.events()):
         return
     prof = cfg.profile
+    cap = None  # a sequential decision's cap, in baseline runs, forecast whole
+    if prof.sequential and ev["log_times"]:
+        unit = math.exp(statistics.median(ev["log_times"]))
+        cap = prof.budget if prof.budget is not None else prof.budget_seconds / unit
     fc = forecast.forecast(baseline_runs=ev["runs"], candidates=candidates,
                            confirm=confirm if candidates else 0, log_times=ev["log_times"],
                            prior_sd=prof.futility_sd, alpha=DEFAULT_ALPHA,
-                           max_slower=prof.budget_max_slower, budgeted=budget.budgeted(prof))
+                           max_slower=prof.budget_max_slower, budgeted=budget.budgeted(prof),
+                           cap=cap)
     journal.log("forecast", **fc)
     if driver.progress is not None:
         for line in forecast.lines(fc):

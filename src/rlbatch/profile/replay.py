@@ -282,6 +282,8 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
 
     data = cfg.model_dump(mode="json")
     data["profile"]["strategy"] = strategy
+    if strategy == "probe":  # a budget, the default decision's too, is the full strategy's
+        data["profile"].update(budget=None, budget_seconds=None, sequential=False)
     current = validate_config(data)
     run = run_probe_profile if strategy == "probe" else run_profile
     follows, cut, doc, unserved, first = 0, None, None, 0, None
@@ -304,8 +306,10 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
             break
         finally:
             unserved += ex.unserved
-        if first is None:  # the forecast, and what the look it forecast cost
-            first = ((doc.get("forecast") or {}).get("look_runs"),
+        fc = doc.get("forecast") or {}
+        if first is None or fc.get("decide_runs"):  # the forecast, and what the look it
+            # forecast cost (a sequential decision's: every look's, so the last one's)
+            first = (fc.get("look_runs") or fc.get("decide_runs"),
                      (doc.get("cost") or {}).get("multiple_of_baseline_time_to_target"))
         sets = next_sets(doc, strategy)
         if sets is None or follows >= follow:
