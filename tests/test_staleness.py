@@ -209,3 +209,17 @@ def test_a_replay_keys_runs_by_staleness(tmp_path, capsys):
     fastest = truth[doc["truth"]["fastest"]]
     assert "B=256" in fastest["config"] and "staleness 1" in fastest["config"]
     assert fastest["time_ratio"] == pytest.approx(1.1 / 1.8, rel=0.03)
+
+
+def test_a_trials_progress_line_names_its_staleness(capsys):
+    """The plain progress line of a profile without a terminal names a stale trial's
+    staleness beside its B and LR; a synchronous trial's line is unchanged."""
+    from rlbatch.cli.profile_cmds import _plain_progress
+
+    row = {"trial": "sqrt-P16-k1-s0", "B": 128, "lr": 1.41e-4, "staleness": 1,
+           "status": "running", "samples": 0, "train_s": 0.0, "metric": None}
+    show = _plain_progress("eval/accuracy")
+    show([row, {**row, "trial": "sqrt-P16-s0", "staleness": 0}])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("trial sqrt-P16-k1-s0 (B=128, lr 0.000141, staleness 1): ")
+    assert lines[1].startswith("trial sqrt-P16-s0 (B=128, lr 0.000141): ")

@@ -57,7 +57,8 @@ def _plain_progress(metric: str):
             seen[r["trial"]] = status
             m = r["metric"]
             stop = f" ({r['stop_code']})" if r.get("stop_code") else ""
-            print(f"trial {r['trial']} (B={r['B']}, lr {r['lr']:.3g}): {status}{stop}, "
+            stale = f", staleness {r['staleness']}" if r.get("staleness") else ""
+            print(f"trial {r['trial']} (B={r['B']}, lr {r['lr']:.3g}{stale}): {status}{stop}, "
                   f"{r['samples']:,} samples, {r['train_s']:,.1f} s, {metric} "
                   f"{'-' if m is None else f'{m:.3f}'}", file=sys.stderr, flush=True)
 

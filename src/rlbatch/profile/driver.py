@@ -69,6 +69,7 @@ def trial_status(trial: Trial) -> dict:
     metric = trial.config.target.metric
     return {"trial": trial.name, "kind": trial.kind, "B": trial.sequences_per_step,
             "lr": trial.config.actor_lr, "seed": trial.seed,
+            "staleness": trial.config.rollout.max_staleness,
             "samples": last.get("samples", 0), "train_s": last.get("train_s", 0.0),
             "metric": last_eval.get(metric) if last_eval else None,
             "status": summary.get("status", "pending"), "target": summary.get("target") or {},
