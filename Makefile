@@ -22,9 +22,9 @@ $(STAMP): pyproject.toml Makefile
 		pyvers==0.2.3 codetiming==1.4.0 orjson==3.13.0 pylatexenc==2.11
 	touch $(STAMP)
 
-# The main job on the built-in default: the profile procedure on the tiny model (7.5 min on
-# this project's 2-core machine with the model cached; a decision from >= 2 seeds per
-# compared config; README, "What the demo prints").
+# The main job on the built-in default: the profile's default decision on the tiny model
+# (6.5 min on this project's 2-core machine with the model cached, at most 12 baseline runs'
+# training time; README, "What the demo prints").
 demo: setup
 	$(BIN)/rlbatch model build
 	$(BIN)/rlbatch profile --preset quick --out profiles/quick

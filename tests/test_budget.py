@@ -443,6 +443,26 @@ def test_the_first_look_records_its_forecast_and_a_replay_scores_it(budget_bank)
     assert scored["median_ratio"] > 0
 
 
+def test_a_sequential_decision_prints_its_pick_as_the_decision(budget_bank, capsys):
+    """Under a sequential decision (the default) the first `decision:` line is the budget's
+    pick; the decision rule's verdict follows, named as its own test, so that the output
+    never shows two decisions."""
+    from rlbatch.cli.profile_cmds import _print_decision
+
+    cfg, bank, tmp = budget_bank
+    cfg = with_sets(cfg, {"profile.budget": 8.0, "profile.sequential": True})
+    doc = run_profile(cfg, tmp / "printed", ReplayExecutor(bank, {s: s for s in range(10)}),
+                      poll_s=0.0)
+    _print_decision(doc, str(tmp / "printed"), False)
+    lines = capsys.readouterr().out.splitlines()
+    decisions = [x for x in lines if x.startswith("decision: ")]
+    assert len(decisions) == 1
+    assert decisions[0].startswith("decision: within the budget (8 baseline runs;")
+    assert any(x.startswith("the decision rule's own test of these runs") for x in lines)
+    assert lines.index(decisions[0]) < next(
+        i for i, x in enumerate(lines) if x.startswith("the decision rule's own test"))
+
+
 def test_the_decision_prints_the_budgets_pick_with_the_chance_it_is_slower_only(
         budget_bank, capsys):
     """The pick's line names what it spent and P(slower than the baseline), the one

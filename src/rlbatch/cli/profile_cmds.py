@@ -362,20 +362,8 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = F
                     "trial_warnings": doc.get("trial_warnings") or [], "next_command": command})
         return
     print(f"profile: {out_dir}/profile.json")
-    if doc.get("strategy") == "probe" and d is not None:
-        print(probe_decision_line(d))
-    elif doc["analysis"] is None:
-        print(f"decision: none ({doc['problem']})")
-    else:
-        decode = doc["decode"]
-        c = decode["chosen"] if decode.get("passed_to_command", True) else None
-        for line in decision_lines(doc["analysis"], c):
-            print(line)
-    if (d or {}).get("budget"):
-        from rlbatch.profile.budget import lines as budget_lines
-
-        for line in budget_lines(d["budget"]):
-            print(line)
+    for line in _decision_text(doc):
+        print(line)
     for line in warning_lines(doc.get("trial_warnings") or []):
         print(line)
     m = cost.get("multiple_of_baseline_time_to_target")
@@ -407,6 +395,34 @@ def _print_decision(doc: dict, out_dir: str, as_json: bool, continuing: bool = F
               "the lowest point T (profile.follow_up: challenger)")
     if command:
         print(f"to continue this profile (finished trials are kept): {command}")
+
+
+def _decision_text(doc: dict) -> list[str]:
+    """The decision's lines. Within a budget the budget's lines follow the decision rule's;
+    a sequential decision's pick is the decision, so its lines come first as `decision:`,
+    and the rule's own verdict (a test at each look, which does not pick here) follows,
+    named as such."""
+    from rlbatch.profile.budget import lines as budget_lines
+
+    d = doc["decision"]
+    b = (d or {}).get("budget")
+    if doc.get("strategy") == "probe" and d is not None:
+        rule = [probe_decision_line(d)]
+    elif doc["analysis"] is None:
+        rule = [f"decision: none ({doc['problem']})"]
+    else:
+        decode = doc["decode"]
+        c = decode["chosen"] if decode.get("passed_to_command", True) else None
+        rule = decision_lines(doc["analysis"], c)
+    if not b:
+        return rule
+    if not b.get("sequential"):
+        return rule + budget_lines(b)
+    first, *rest = budget_lines(b)
+    if rule and rule[0].startswith("decision: "):
+        rule = ["the decision rule's own test of these runs (at 5% per look; it does not "
+                "pick in a sequential decision): " + rule[0][len("decision: "):], *rule[1:]]
+    return ["decision: " + first, *rest, *rule]
 
 
 def _labels(doc: dict, configs: list[str]) -> list[str]:
