@@ -108,7 +108,8 @@ def resolve_procedure(config: str | None, preset: str | None, overrides: list[st
     flags = budget_overrides(budget)
     cfg = resolve(config, preset, overrides + flags)
     sets = default_sets(cfg.profile, follow)
-    seq = ["profile.sequential=true"] if sequential else []
+    seq = budget_overrides(None, sequential)  # after the defaults: --sequential alone is
+    # valid only once they give it a cap
     if sets or seq:
         cfg = resolve(config, preset, sets + overrides + flags + seq)
     return cfg, DEFAULT_FOLLOW if follow is None else follow, bool(sets)
