@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # The main job on the built-in default: the profile's default decision on the tiny model
-# (6.5 min on this project's 2-core machine with the model cached, at most 12 baseline runs'
+# (11 min on this project's 2-core machine with the model cached, at most 16 baseline runs'
 # training time; README, "What the demo prints").
 demo: setup
 	$(BIN)/rlbatch model build
@@ -31,7 +31,7 @@ demo: setup
 
 # The demo's second half: a workload where a larger batch saves time (the quick workload
 # behind 0.25 s of rollout latency per step, B0 = 64), the same default decision: at most
-# 12 baseline runs' training time, each about a minute on 2 cores (docs/analysis.md,
+# 16 baseline runs' training time, each about a minute on 2 cores (docs/analysis.md,
 # "Replays").
 demo-saving: setup
 	$(BIN)/rlbatch model build

@@ -14,8 +14,8 @@ pair's and the pooled one, the probe strategy, the first look alone (`rlbatch pr
 --follow 0`), and the profile within a budget of 2, 4 and 8 baseline runs (`--budget`,
 beside the one-seed grid within the same budget; `calibration` in the JSON holds the printed
 probabilities against how often they came true), and the budget's looks as a sequential
-decision capped at 12 (the default decision: `rlbatch profile` without flags), 10, 16, 20
-or 24 (`profile.sequential`; `max-slower-12` lets the decision rule's
+decision capped at 16 (the default decision: `rlbatch profile` without flags), 10, 12, 20
+or 24 (`profile.sequential`; `max-slower-16` lets the decision rule's
 "shown faster" pick too; `-sure-90` goes on until a candidate pick is 0.9 likely within 5%
 of the fastest, `profile.budget_sure_within`); the floor column is the bank's information floor (profile/floor.py); each one's `rlbatch replay --json` document is written to
 `--out/NAME-VARIANT.json`.
@@ -55,18 +55,18 @@ VARIANTS = {
     "budget-2": ("full", ["profile.budget=2"]),
     "budget-4": ("full", ["profile.budget=4"]),
     "budget-8": ("full", ["profile.budget=8"]),
-    # the budget's looks capped at 12 baseline runs as a decision, `rlbatch profile` without
+    # the budget's looks capped at 16 baseline runs as a decision, `rlbatch profile` without
     # flags (profile.default_sets): a candidate picked only when at most 5% likely slower
     # than the baseline, by the draws alone (profile.sequential), or also when the decision
     # rule shows it faster at any look; and the same decision at other caps
-    "sequential-12": ("full", default_sets(ProfileConfig(), None)),
+    "sequential-16": ("full", default_sets(ProfileConfig(), None)),
     "sequential-10": ("full", ["profile.budget=10", "profile.sequential=true"]),
-    "sequential-16": ("full", ["profile.budget=16", "profile.sequential=true"]),
+    "sequential-12": ("full", ["profile.budget=12", "profile.sequential=true"]),
     "sequential-20": ("full", ["profile.budget=20", "profile.sequential=true"]),
     "sequential-24": ("full", ["profile.budget=24", "profile.sequential=true"]),
-    "max-slower-12": ("full", ["profile.budget=12", "profile.budget_max_slower=0.05"]),
+    "max-slower-16": ("full", ["profile.budget=16", "profile.budget_max_slower=0.05"]),
     # the same, going on until a candidate pick is 0.9 likely within 5% of the fastest
-    "sequential-12-sure-90": ("full", ["profile.budget=12", "profile.sequential=true",
+    "sequential-16-sure-90": ("full", ["profile.budget=16", "profile.sequential=true",
                                        "profile.budget_sure_within=0.9"]),
 }
 

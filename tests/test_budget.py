@@ -195,6 +195,28 @@ def test_a_look_is_taken_only_while_the_budget_pays_for_it_and_the_pick_is_unsur
     assert sets is None and why.startswith("sure enough")
 
 
+def test_one_baseline_run_alone_never_ends_the_looks_with_a_candidate_pick():
+    """The baseline's one run at 600 s (a slow machine, say) and four candidates at ~100 s:
+    the draws put the likeliest at P(slower) 0.00, yet the looks go on, with a second
+    baseline run beside it (BASE_RUNS); once the baseline has two runs that crossed the
+    same pick ends them."""
+    one = result(entry("b", 128, [600.0]), entry("c", 256, [100.0]), entry("d", 512, [95.0]),
+                 entry("e", 1024, [110.0]), entry("f", 2048, [105.0]))
+    probs = budget.probabilities(one, prior_sd=0.25)
+    chosen, _ = budget.pick(one, probs, max_slower=0.05, sequential=True)
+    assert chosen["config"] != "b" and chosen["p_slower_than_baseline"] <= budget.SURE_SLOWER
+    sets, why, rival = budget.next_look(one, probs, chosen, seeds=1, spent=0.0, limit=1e9,
+                                        sure_within=0.0)
+    assert sets == {"profile.seeds": 2} and rival == chosen["config"]
+    assert [x["config"] for x in budget.look_configs(probs, chosen)] == ["b", chosen["config"]]
+    two = result(entry("b", 128, [600.0, 580.0]), *one["configs"][1:])
+    p2 = budget.probabilities(two, prior_sd=0.25)
+    ch2, _ = budget.pick(two, p2, max_slower=0.05, sequential=True)
+    sets, why, _ = budget.next_look(two, p2, ch2, seeds=1, spent=0.0, limit=1e9,
+                                    sure_within=0.0)
+    assert sets is None and why.startswith("sure enough")
+
+
 def test_once_the_pick_is_sure_to_be_faster_its_rival_gets_the_seeds_and_the_baseline_rests():
     """Baseline 6 seeds at ~100 s; c 4 seeds at ~50 s and d 1 seed at 52 s: c's lead over
     the baseline is settled (P(slower) <= 0.05) but not, at 0.9, whether it is within 5% of
@@ -441,6 +463,12 @@ def test_the_first_look_records_its_forecast_and_a_replay_scores_it(budget_bank)
     scored = replay(cfg, tmp / "bank", ["full"], 3, seed=2)["strategies"][0]["forecast"]
     assert scored["replicates"] == 3
     assert scored["median_ratio"] > 0
+    assert "after_first_look" not in scored  # not a sequential decision
+    seq = with_sets(cfg, {"profile.budget": 8.0, "profile.sequential": True})
+    scored = replay(seq, tmp / "bank", ["full"], 3, seed=2)["strategies"][0]["forecast"]
+    later = scored["after_first_look"]  # the decision went on after its first look (one
+    assert later["replicates"] == 3  # baseline run), so its second forecast is scored
+    assert later["median_cost_runs"] <= 8.0 and later["median_ratio"] > 0
 
 
 def test_a_sequential_decision_prints_its_pick_as_the_decision(budget_bank, capsys):
@@ -461,6 +489,11 @@ def test_a_sequential_decision_prints_its_pick_as_the_decision(budget_bank, caps
     assert any(x.startswith("the decision rule's own test of these runs") for x in lines)
     assert lines.index(decisions[0]) < next(
         i for i, x in enumerate(lines) if x.startswith("the decision rule's own test"))
+    b = doc["decision"]["budget"]  # the first look, one baseline run: the decision goes on,
+    assert b["next_set"]  # and forecasts its whole cost from these runs
+    assert b["spent_runs"] <= b["forecast_runs"] <= 8.0
+    assert (f"  forecast: from these runs, this decision costs about {b['forecast_runs']:.1f} "
+            "baseline runs in all, at most 8 (its cap)") in lines
 
 
 def test_the_decision_prints_the_budgets_pick_with_the_chance_it_is_slower_only(

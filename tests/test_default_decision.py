@@ -66,16 +66,22 @@ def test_a_default_decision_continued_under_a_budget_stays_sequential(monkeypatc
 def test_the_sequential_forecast_is_a_median_cost_that_grows_with_the_spread():
     """decision_cost simulates the decision (profile/forecast.py): where runs hardly spread,
     the first look (one run of each, the candidates' stopped by the baseline's T) shows the
-    fastest candidate faster and it stops there; where they spread as the banks' do, it
-    takes more looks, and never costs more than its cap; repeatable for one seed."""
+    fastest candidate faster, and it stops there once the baseline has two runs (with one,
+    after one more run of the baseline and of that candidate, each candidate's T below
+    the baseline's); where they spread as the banks' do, it takes more looks, and never
+    costs more than its cap; repeatable for one seed."""
     kw = {"baseline_runs": 1, "candidates": 4, "cap": 12.0}
+    first = 1 + 4 * forecast.candidate_cost(0)
+    two = forecast.decision_cost(s=0.01, **{**kw, "baseline_runs": 2})
+    assert two == pytest.approx(1 + first, abs=0.2)
     tight = forecast.decision_cost(s=0.01, **kw)
+    assert first + 1 < tight < first + 2
     loose = forecast.decision_cost(s=0.35, **kw)
-    assert 1.0 <= tight <= 1.0 + 4 and tight == pytest.approx(1 + 4 * forecast.candidate_cost(0),
-                                                              abs=0.2)
     assert tight + 3 < loose <= 12.0
     assert forecast.decision_cost(s=0.35, **kw) == loose
     assert forecast.decision_cost(s=0.35, **{**kw, "cap": 24.0}) > loose  # a larger cap pays
+    # going on until the pick is 0.9 likely within 5% of its rivals costs more looks
+    assert forecast.decision_cost(s=0.35, sure_within=0.9, **kw) > loose
     fc = forecast.forecast(baseline_runs=1, candidates=4, confirm=0, log_times=[0.0],
                            prior_sd=0.35, alpha=0.05, max_slower=0.25, budgeted=True, cap=12.0)
     assert fc["decide_runs"] == loose and fc["decide_most_runs"] == 12.0
@@ -85,3 +91,30 @@ def test_the_sequential_forecast_is_a_median_cost_that_grows_with_the_spread():
     plain = forecast.forecast(baseline_runs=1, candidates=4, confirm=0, log_times=[0.0],
                               prior_sd=0.35, alpha=0.05, max_slower=0.25, budgeted=True)
     assert plain["decide_runs"] is None
+
+
+def entry(config: str, crossed: list[float], stopped: tuple = ()) -> dict:
+    """A pool entry (profile/budget.py): runs that crossed at `crossed`, runs stopped before
+    the target at `stopped` (training seconds)."""
+    runs = [{"censored": False, "time_to_target": t} for t in crossed]
+    runs += [{"censored": True, "last_train_s": t} for t in stopped]
+    return {"config": config, "runs": runs, "seeds": len(runs)}
+
+
+def test_a_decision_that_goes_on_forecasts_its_whole_cost_from_its_runs():
+    """remaining_cost (profile/forecast.py) after a first look: where the candidates' first
+    runs came in well under the baseline's, the decision is forecast to end sooner than
+    where every candidate was stopped at the baseline's time; both at least what was spent
+    and at most the cap; a larger spread costs more; repeatable; None before the baseline
+    has a run that crossed."""
+    kw = {"spent": 4.0, "cap": 16.0, "prior_sd": 0.35}
+    faster = [entry("b", [100.0]), entry("c", [66.0]), entry("d", [57.0]), entry("e", [76.0])]
+    none = [entry("b", [100.0]), entry("c", [], (100.0,)), entry("d", [97.0]),
+            entry("e", [], (100.0,))]
+    soon, late = forecast.remaining_cost(faster, **kw), forecast.remaining_cost(none, **kw)
+    assert 4.0 <= soon < late <= 16.0
+    assert late > soon + 4
+    assert forecast.remaining_cost(faster, **kw) == soon
+    assert forecast.remaining_cost(faster, **{**kw, "prior_sd": 0.05}) < soon
+    assert forecast.remaining_cost(faster, sure_within=0.9, **kw) > soon
+    assert forecast.remaining_cost([entry("b", [], (100.0,)), faster[1]], **kw) is None

@@ -16,6 +16,7 @@ from helpers.cli import run_cli
 from rlbatch.core.errors import DataError
 from rlbatch.core.loading import load_config
 from rlbatch.core.runlog import read_json, read_jsonl
+from rlbatch.profile import DEFAULT_BUDGET
 from rlbatch.profile.bank import learning_key, load_bank
 from rlbatch.profile.driver import Driver, Journal
 from rlbatch.profile.replay import ReplayExecutor, profile_keys, replay, replay_config
@@ -141,8 +142,8 @@ def test_replay_command_prints_its_table_and_the_interface_json(saving, capsys):
     doc = json.loads(out.strip().splitlines()[-1])
     names = [r["strategy"] for r in doc["strategies"]]
     assert names == ["full", "probe", "keep_baseline", "one_seed_grid",
-                     "one_seed_grid_budget_12"]  # the default decision's: beside the grid
-    # within its cap
+                     f"one_seed_grid_budget_{DEFAULT_BUDGET}"]  # the default decision's:
+    # beside the grid within its cap
     keys = {"strategy", "replicates", "recommends", "picks_within_5pct", "mean_regret",
             "slower_than_baseline", "median_cost", "pick_interval_coverage"}
     assert all(keys <= set(r) for r in doc["strategies"])

@@ -71,7 +71,7 @@ class ProfileConfig(StrictModel):
         "cap: a candidate is picked only when the draws put it at most 5% likely slower "
         "than the baseline, else the baseline is kept; needs profile.budget or "
         "profile.budget_seconds. `rlbatch profile` and `rlbatch replay` without --follow, a "
-        "budget or the probe strategy set it with profile.budget 12 (docs/analysis.md, 'The "
+        "budget or the probe strategy set it with profile.budget 16 (docs/analysis.md, 'The "
         "default decision')")
     smallest_effect: float = Field(0.1, gt=0, le=10, description="futility: the smallest "
                                    "speed-up worth finding (0.1: T ratio 1/1.1)")

@@ -6,7 +6,7 @@
 # capped at DEFAULT_BUDGET baseline runs' time to target. `--follow N` asks for the
 # decision rule's looks instead (N = 0: the first look alone), `--budget` for another cap.
 DEFAULT_FOLLOW = 0
-DEFAULT_BUDGET = 12
+DEFAULT_BUDGET = 16
 
 
 def default_sets(prof, follow: int | None) -> list[str]:

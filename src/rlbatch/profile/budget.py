@@ -36,6 +36,8 @@ SURE_SLOWER = 0.05  # a look is not followed once a candidate pick is at most th
 # slower than the baseline and at least profile.budget_sure_within likely within 5% of the
 # fastest, or once the baseline is at least SURE_BASELINE likely within 5% of the fastest
 SURE_BASELINE = 0.9
+BASE_RUNS = 2  # a candidate pick ends the looks only once the baseline has this many runs
+# that crossed: one baseline run alone (slow on a loaded machine, say) would decide
 CANNOT_PAY = "the budget cannot pay"  # next_look's reason when the cap refuses the look
 OUT = ("too_easy", "diverged")  # verdicts the pick never takes
 PRIOR_TAU = 0.3  # sd of the candidates' mean log T around their common mean
@@ -133,11 +135,11 @@ def pool(result: dict) -> list[dict]:
     entries = result["configs"]
     ref = next(e for e in entries if e["config"] == result["reference"]["config"])
     rest = [e for e in entries if e is not ref and e["algorithm"] == ref["algorithm"]
-            and e["verdict"] not in OUT and _observed(e)]
+            and e["verdict"] not in OUT and observed(e)]
     return [ref] + rest
 
 
-def _observed(e: dict) -> tuple[list[float], list[float]]:
+def observed(e: dict) -> tuple[list[float], list[float]]:
     """(log T of the runs that crossed, log of the training time of those that ended
     without crossing: each a bound below its T)."""
     crossed = [math.log(r["time_to_target"]) for r in e["runs"]
@@ -152,7 +154,7 @@ def spread(entries: list[dict], prior_sd: float) -> tuple[float, int]:
     each configuration with two or more runs that crossed; (sd, its degrees of freedom)."""
     ss, df = PRIOR_DF * prior_sd ** 2, PRIOR_DF
     for e in entries:
-        logs = _observed(e)[0]
+        logs = observed(e)[0]
         if len(logs) >= 2:
             ss += statistics.variance(logs) * (len(logs) - 1)
             df += len(logs) - 1
@@ -174,7 +176,7 @@ def probabilities(result: dict, prior_sd: float, seed: int = 0) -> dict:
     whose runs crossed is drawn from N(m, PRIOR_TAU^2) and weighed so."""
     entries = pool(result)
     sd, df = spread(entries, prior_sd)
-    seen = [_observed(e) for e in entries]
+    seen = [observed(e) for e in entries]
     crossed_c = [(statistics.fmean(c), len(c)) for c, _ in seen[1:] if c]
     rng = random.Random(seed)
     norm = statistics.NormalDist()
@@ -183,7 +185,7 @@ def probabilities(result: dict, prior_sd: float, seed: int = 0) -> dict:
     total = 0.0
     for _ in range(DRAWS):
         s = sd * math.sqrt(df / rng.gammavariate(df / 2, 2))  # sd ~ its scaled-inv-chi2
-        mu = _draw_means(seen, crossed_c, s, rng)
+        mu = draw_means(seen, crossed_c, s, rng)
         w = 1.0
         for i, (_, bounds) in enumerate(seen):
             for b in bounds:
@@ -207,7 +209,7 @@ def probabilities(result: dict, prior_sd: float, seed: int = 0) -> dict:
                         for i, e in enumerate(entries)]}
 
 
-def _draw_means(seen: list, crossed_c: list, s: float, rng: random.Random) -> list[float]:
+def draw_means(seen: list, crossed_c: list, s: float, rng: random.Random) -> list[float]:
     """One draw of every configuration's mean log T at spread s (`probabilities`;
     `crossed_c`: (mean log T, runs that crossed) of each candidate with a crossing): the
     baseline's around its runs' mean, the candidates' common mean m from those that
@@ -269,7 +271,8 @@ def next_look(result: dict, probs: dict, chosen: dict, *, seeds: int, spent: flo
         return None, "no candidate is left to compare", None
     slower = chosen.get("p_slower_than_baseline")
     need = SURE_BASELINE if slower is None else sure_within
-    if chosen["p_within_5pct"] >= need and (slower is None or slower <= SURE_SLOWER):
+    if chosen["p_within_5pct"] >= need and (slower is None or (
+            slower <= SURE_SLOWER and rows[0]["crossed"] >= BASE_RUNS)):
         return None, (f"sure enough: P(within 5%) {chosen['p_within_5pct']:.2f} >= "
                       f"{need:g}" + ("" if slower is None else
                                           f", P(slower) {slower:.2f} <= {SURE_SLOWER}")), None
@@ -302,15 +305,17 @@ def look_configs(probs: dict, chosen: dict) -> list[dict]:
     """The configurations the next look runs (rows of `probs`, the baseline first where it
     runs): while the pick is a candidate not yet sure to be faster than the baseline (or is
     the baseline), the baseline and the likeliest candidate; once a candidate pick is at
-    most SURE_SLOWER likely slower, what is open is whether it is within 5% of the fastest,
-    so the pick and its likeliest rival among the other candidates (a top-two allocation:
+    most SURE_SLOWER likely slower (and the baseline has BASE_RUNS runs that crossed), what
+    is open is whether it is within 5% of the fastest, so the pick and its likeliest rival
+    among the other candidates (a top-two allocation:
     Russo, "Simple Bayesian algorithms for best-arm identification", Operations Research
     68, 2020), and the baseline rests."""
     rows = probs["configs"]
     base, others = rows[0], rows[1:]
     slower = chosen.get("p_slower_than_baseline")
     rivals = [r for r in others if r is not chosen]
-    if chosen is not base and slower is not None and slower <= SURE_SLOWER and rivals:
+    if (chosen is not base and slower is not None and slower <= SURE_SLOWER and rivals
+            and base["crossed"] >= BASE_RUNS):
         return [chosen, max(rivals, key=lambda r: r["p_within_5pct"])]
     return [base, chosen if chosen is not base
             else max(others, key=lambda r: r["p_within_5pct"])]
@@ -371,6 +376,10 @@ def lines(b: dict) -> list[str]:
            "prior)" if p["sd_df"] > PRIOR_DF else "the prior's, no configuration has two "
            "crossings yet)"))
     out.append(f"  next: {b['next']}")
+    if b.get("forecast_runs") is not None:
+        out.append(f"  forecast: from these runs, this decision costs about "
+                   f"{b['forecast_runs']:.1f} baseline runs in all, at most "
+                   f"{b['limit_s'] / b['spent_s'] * b['spent_runs']:.0f} (its cap)")
     return out
 
 

@@ -12,15 +12,11 @@ challenger costs the same. All costs are in baseline runs' time to target. Pure:
 replays check it against what the looks cost (`forecast` in `rlbatch replay --json`).
 
 A sequential decision within a cap (the default) is forecast whole: `decision_cost`
-simulates its looks under the same law (each candidate's true log T ratio drawn around 0
-with sd PRIOR_TAU, each run's log T spread by s) and returns the median cost at which it
-stops: once the likeliest fastest candidate is at most SURE_SLOWER likely slower than the
-baseline, once the baseline is at least SURE_BASELINE likely within 5% of every candidate,
-or when the cap cannot pay for the next look (one seed of the baseline and of the
-likeliest fastest, the latter at its own time to target). Its probabilities are the
-budget's posterior in closed form at a known spread (`_posteriors`), treating the
-candidates as independent where the budget's draws do not: the replays check the
-forecast, not the model.
+simulates its looks (`_looks`, as budget.next_look takes them) under the same law and
+returns the median cost at which it stops; after a look that goes on, `remaining_cost`
+simulates the same looks from the runs the decision has, each configuration's true mean
+drawn from the budget's posterior (docs/design.md, "profile/budget.py and
+profile/forecast.py"). The replays check both forecasts, not the model.
 """
 
 from __future__ import annotations
@@ -30,7 +26,8 @@ import random
 import statistics
 
 from rlbatch.analysis import seedstats
-from rlbatch.profile.budget import PRIOR_TAU, SURE_BASELINE, SURE_SLOWER, WITHIN
+from rlbatch.profile import budget
+from rlbatch.profile.budget import BASE_RUNS, PRIOR_TAU, SURE_BASELINE, SURE_SLOWER, WITHIN
 
 SAVINGS = (1.2, 1.5, 2.0)  # the savings whose cost to establish is printed
 BUDGETS = (2, 4, 8)
@@ -61,42 +58,108 @@ def _posteriors(runs: list[list[float]], base: list[float], s: float) -> list[tu
 
 
 def _one_decision(rng: random.Random, baseline_runs: int, candidates: int, s: float,
-                  cap: float) -> float:
+                  cap: float, sure_within: float) -> float:
     """The cost of one simulated sequential decision (module text), in baseline runs."""
-    cdf = statistics.NormalDist().cdf
-    truth = [rng.gauss(0.0, PRIOR_TAU) for _ in range(candidates)]
+    truth = [0.0] + [rng.gauss(0.0, PRIOR_TAU) for _ in range(candidates)]
     base = [rng.gauss(0.0, s) for _ in range(baseline_runs)]
-    runs = [[d + rng.gauss(0.0, s)] for d in truth]
+    runs = [[d + rng.gauss(0.0, s)] for d in truth[1:]]
     cost = baseline_runs + sum(min(math.exp(r[0]), 1.0) for r in runs)  # screened
+    return _looks(rng, truth, base, runs, s, cost, cap, sure_within)
+
+
+def _looks(rng: random.Random, truth: list[float], base: list[float], runs: list[list[float]],
+           s: float, cost: float, cap: float, sure_within: float) -> float:
+    """The looks of a simulated decision from where they stand (`truth`: every
+    configuration's true mean log T, the baseline's first, in log baseline runs; `base`,
+    `runs`: the log T seen so far; `cost`: spent), until it stops; its cost. As the budget's
+    looks (budget.next_look): a lead at most SURE_SLOWER likely slower than the baseline
+    (which has BASE_RUNS runs) stops them once it is `sure_within` likely within 5% of
+    every rival, and until then the lead and its nearest rival run while the baseline
+    rests; otherwise the baseline and the lead run."""
+    cdf = statistics.NormalDist().cdf
     while True:
         post = _posteriors(runs, base, s)
-        lead = min(range(candidates), key=lambda i: post[i][0])
+        order = sorted(range(len(runs)), key=lambda i: post[i][0])
+        lead = order[0]
         m, sd = post[lead]
-        if cdf(m / sd) <= SURE_SLOWER:  # P(slower than the baseline): P(ratio > 1)
+        faster = cdf(m / sd) <= SURE_SLOWER and len(base) >= BASE_RUNS  # P(ratio > 1)
+        if faster and _within(post, lead, s * s / len(base)) >= sure_within:
             return cost
         sure_base = math.prod(cdf((p + math.log(WITHIN)) / q) for p, q in post)
-        step = 1.0 + math.exp(truth[lead])
-        if sure_base >= SURE_BASELINE or cost + step > cap:
+        looked = [lead, order[1]] if faster and len(order) > 1 else [-1, lead]  # -1: baseline
+        step = sum(math.exp(truth[i + 1]) for i in looked)
+        if (not faster and sure_base >= SURE_BASELINE) or cost + step > cap:
             return cost
         cost += step
-        base.append(rng.gauss(0.0, s))
-        runs[lead].append(truth[lead] + rng.gauss(0.0, s))
+        for i in looked:
+            (base if i < 0 else runs[i]).append(truth[i + 1] + rng.gauss(0.0, s))
+
+
+def _within(post: list[tuple], lead: int, shared: float) -> float:
+    """P(the lead within 5% of every other candidate), the differences taken as independent
+    (each pair's variance less the baseline's share, `shared`, that cancels in it)."""
+    cdf = statistics.NormalDist().cdf
+    m, sd = post[lead]
+    return math.prod(cdf((math.log(WITHIN) - (m - p)) / math.sqrt(max(
+        sd * sd + q * q - 2 * shared, 1e-12))) for i, (p, q) in enumerate(post) if i != lead)
 
 
 def decision_cost(*, baseline_runs: int, candidates: int, s: float, cap: float,
-                  seed: int = 0) -> float:
+                  sure_within: float = 0.5, seed: int = 0) -> float:
     """Median cost, in baseline runs, of a sequential decision within `cap` (module text)."""
     rng = random.Random(seed)
-    return statistics.median(_one_decision(rng, max(1, baseline_runs), candidates, s, cap)
-                             for _ in range(SIMULATIONS))
+    return statistics.median(_one_decision(rng, max(1, baseline_runs), candidates, s, cap,
+                                           sure_within) for _ in range(SIMULATIONS))
+
+
+def remaining_cost(entries: list[dict], *, spent: float, cap: float, prior_sd: float,
+                   sure_within: float = 0.5, seed: int = 0) -> float | None:
+    """After a look: the median total cost, in baseline runs (the median of the baseline's
+    runs' T), of the sequential decision carried on from the runs it has (`entries`: the
+    budget's pool, the baseline first; `spent`: baseline runs so far). Each simulated
+    decision draws every configuration's true mean log T from the budget's posterior
+    (`budget.draw_means`, resampled by the chance of the runs stopped before the target),
+    completes each stopped run above where it stopped, then takes the looks
+    (`_looks`). None before the baseline has a run that crossed."""
+    seen = [budget.observed(e) or ([], []) for e in entries]
+    if not seen[0][0] or len(seen) < 2:
+        return None
+    s, _ = budget.spread(entries, prior_sd)
+    unit = statistics.median(seen[0][0])
+    seen = [([x - unit for x in c], [x - unit for x in b]) for c, b in seen]
+    crossed_c = [(statistics.fmean(c), len(c)) for c, _ in seen[1:] if c]
+    rng = random.Random(seed)
+    cdf = statistics.NormalDist().cdf
+    draws, weights = [], []
+    for _ in range(SIMULATIONS):
+        mu = budget.draw_means(seen, crossed_c, s, rng)
+        draws.append(mu)
+        weights.append(math.prod(cdf((mu[i] - b) / s) for i, (_, bounds) in enumerate(seen)
+                                 for b in bounds))
+    if not sum(weights):
+        return None
+    costs = []
+    for mu in rng.choices(draws, weights=weights, k=SIMULATIONS):
+        runs = [c + [_above(rng, mu[i], s, b) for b in bounds]
+                for i, (c, bounds) in enumerate(seen[1:], start=1)]
+        costs.append(_looks(rng, mu, list(seen[0][0]), runs, s, spent, cap, sure_within))
+    return statistics.median(costs)
+
+
+def _above(rng: random.Random, mean: float, s: float, bound: float) -> float:
+    """A draw of N(mean, s^2) above `bound` (a run stopped there, completed)."""
+    dist = statistics.NormalDist(mean, s)
+    low = min(dist.cdf(bound), 1 - 1e-12)
+    return max(bound, dist.inv_cdf(low + (1 - low) * rng.random()))
 
 
 def forecast(*, baseline_runs: int, candidates: int, confirm: int, log_times: list[float],
              prior_sd: float, alpha: float, max_slower: float, budgeted: bool,
-             cap: float | None = None) -> dict:
+             cap: float | None = None, sure_within: float = 0.5) -> dict:
     """The forecast after the baseline's `baseline_runs` (their log T: `log_times`), with
     `candidates` screening trials and `confirm` confirmation seeds to come; `cap`: a
-    sequential decision's cap in baseline runs, forecast whole."""
+    sequential decision's cap in baseline runs, forecast whole (stopping at
+    `sure_within`, profile.budget_sure_within)."""
     n = len(log_times)
     s = statistics.stdev(log_times) if n >= 3 else prior_sd  # two seeds cannot estimate it
     e = candidate_cost(s)
@@ -118,7 +181,7 @@ def forecast(*, baseline_runs: int, candidates: int, confirm: int, log_times: li
         buys.append({"budget": b, "seeds_per_side": per_side, "finds_ratio": ratio,
                      "grid_runs": grid})
     decide = decision_cost(baseline_runs=baseline_runs, candidates=candidates, s=s,
-                           cap=cap) if cap and candidates else None
+                           cap=cap, sure_within=sure_within) if cap and candidates else None
     return {"look_runs": None if budgeted else look, "look_most_runs": None if budgeted
             else most, "decide_runs": decide, "decide_most_runs": cap if decide else None,
             "sd_log_time": s, "sd_from": "baseline" if n >= 3 else "assumed",

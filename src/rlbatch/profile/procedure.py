@@ -312,7 +312,7 @@ def first_forecast(cfg: Config, journal: Journal, driver: Driver, ev: dict, cand
                            confirm=confirm if candidates else 0, log_times=ev["log_times"],
                            prior_sd=prof.futility_sd, alpha=DEFAULT_ALPHA,
                            max_slower=prof.budget_max_slower, budgeted=budget.budgeted(prof),
-                           cap=cap)
+                           cap=cap, sure_within=prof.budget_sure_within)
     journal.log("forecast", **fc)
     if driver.progress is not None:
         for line in forecast.lines(fc):
@@ -443,8 +443,7 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
     if decision is not None and cfg.profile.follow_up == "challenger":
         decision.update(challenger_follow_up(result))
     if decision is not None and budget.budgeted(cfg.profile):
-        b = budget.block(result, cfg.profile, spent=cost["total_s"],
-                         base_time=cost["baseline_time_to_target_s"])
+        b = _budget_block(cfg, result, cost)
         decision.pop("follow_up", None)
         decision["budget"] = b
         decision["next_set"] = b["next_set"]
@@ -464,6 +463,21 @@ def _finish(cfg: Config, out: Path, driver: Driver, decode: dict, result: dict |
     atomic_write_json(out / "profile.json", doc)
     driver.journal.log("profile_finished", decision=None if decision is None else rec["config"])
     return doc
+
+
+def _budget_block(cfg: Config, result: dict, cost: dict) -> dict:
+    """profile.json's `decision.budget` (budget.block); a sequential decision that goes on
+    also forecasts its whole cost from the runs it has (`forecast_runs`, baseline runs:
+    forecast.remaining_cost)."""
+    from rlbatch.profile import forecast
+
+    base_time = cost["baseline_time_to_target_s"]
+    b = budget.block(result, cfg.profile, spent=cost["total_s"], base_time=base_time)
+    if b["sequential"] and b["next_set"] and b["spent_runs"]:
+        b["forecast_runs"] = forecast.remaining_cost(
+            budget.pool(result), spent=b["spent_runs"], cap=b["limit_s"] / base_time,
+            prior_sd=cfg.profile.futility_sd, sure_within=cfg.profile.budget_sure_within)
+    return b
 
 
 def _read_run_config(entry: dict) -> dict:

@@ -286,7 +286,7 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
         data["profile"].update(budget=None, budget_seconds=None, sequential=False)
     current = validate_config(data)
     run = run_probe_profile if strategy == "probe" else run_profile
-    follows, cut, doc, unserved, first = 0, None, None, 0, None
+    follows, cut, doc, unserved, first, after = 0, None, None, 0, None, None
     follow = budget.follows(current.profile, follow)
     while True:
         ex = ReplayExecutor(bank, seed_map)
@@ -306,6 +306,8 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
             break
         finally:
             unserved += ex.unserved
+        if follows == 0:  # the first look's forecast from its own runs (a decision that goes on)
+            after = ((doc.get("decision") or {}).get("budget") or {}).get("forecast_runs")
         fc = doc.get("forecast") or {}
         if first is None or fc.get("decide_runs"):  # the forecast, and what the look it
             # forecast cost (a sequential decision's: every look's, so the last one's)
@@ -327,7 +329,7 @@ def run_replicate(cfg: Config, bank: Bank, strategy: str, seed_map: dict[int, in
     return Outcome(pick, recommends, ci, spent(work / "runs"), follows, unserved, cut,
                    doc.get("problem"), (doc.get("decision") or {}).get("evidence")
                    or rec.get("evidence"), point, b.get("p_within_5pct"),
-                   b.get("p_slower_than_baseline"), *(first or (None, None)))
+                   b.get("p_slower_than_baseline"), *(first or (None, None)), after)
 
 
 def spent(runs: Path) -> float:

@@ -200,6 +200,7 @@ class Outcome:
     p_slower: float | None = None  # ... and P(slower than the baseline)
     forecast: float | None = None  # the first look's forecast of its cost (baseline runs)
     first_look: float | None = None  # what the first look cost, in the same unit
+    after_first: float | None = None  # a sequential decision's forecast from its first look
 
 
 def score(outcomes: list[Outcome], truth: dict, strategy: str) -> dict:
@@ -240,14 +241,25 @@ def score(outcomes: list[Outcome], truth: dict, strategy: str) -> dict:
 
 def forecast_score(outcomes: list[Outcome]) -> dict:
     """The first look's forecast against what it cost (each in the replicate's own baseline
-    runs): medians of both and of their ratio. {} where no replicate forecast a cost."""
+    runs): medians of both and of their ratio; for a sequential decision, also the forecast
+    its first look made from its own runs (`after_first_look`). {} where no replicate
+    forecast a cost."""
     pairs = [(o.forecast, o.first_look) for o in outcomes if o.forecast and o.first_look]
     if not pairs:
         return {}
-    return {"forecast": {"replicates": len(pairs),
-                         "median_forecast_runs": statistics.median(f for f, _ in pairs),
-                         "median_first_look_runs": statistics.median(c for _, c in pairs),
-                         "median_ratio": statistics.median(f / c for f, c in pairs)}}
+    out = {"replicates": len(pairs),
+           "median_forecast_runs": statistics.median(f for f, _ in pairs),
+           "median_first_look_runs": statistics.median(c for _, c in pairs),
+           "median_ratio": statistics.median(f / c for f, c in pairs)}
+    later = [(o.after_first, o.first_look) for o in outcomes if o.after_first and o.first_look]
+    if later:  # a sequential decision's second forecast, from its first look's runs, where
+        # the decision went on: against what the whole decision cost
+        out["after_first_look"] = {
+            "replicates": len(later),
+            "median_forecast_runs": statistics.median(f for f, _ in later),
+            "median_cost_runs": statistics.median(c for _, c in later),
+            "median_ratio": statistics.median(f / c for f, c in later)}
+    return {"forecast": out}
 
 
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
